@@ -1,0 +1,346 @@
+// flash3-bench: the forward pass on the paper's sweep, each result checked
+// against the GPU reference before it is timed.
+//
+//   flash3-bench                      the paper's sweep (bf16, hdim 64/128/256, causal off/on)
+//   flash3-bench --ablation           paper Table 2: each technique switched off
+//   flash3-bench --help               all options
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "flash3/flash3.h"
+#include "reference.h"
+
+namespace {
+
+using flash3::DType;
+
+#define CHECK_CUDA(x)                                                                              \
+  do {                                                                                             \
+    cudaError_t err_ = (x);                                                                        \
+    if (err_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(err_), __FILE__, __LINE__, #x); \
+      std::exit(3);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+// N(0, 1) from a hash of (seed, index): fresh inputs without a host round trip.
+__global__ void fill_normal(uint16_t* out, size_t n, uint32_t seed, bool bf16) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9E3779B9u ^ seed ^ uint32_t(i >> 32) * 0x85EBCA6Bu;
+    h ^= h >> 16; h *= 0x7FEB352Du; h ^= h >> 15; h *= 0x846CA68Bu; h ^= h >> 16;
+    uint32_t g = h * 0x27D4EB2Fu + 0x165667B1u;
+    g ^= g >> 15; g *= 0x2C1B3C6Du; g ^= g >> 12;
+    float u1 = (float(h >> 8) + 1.f) * (1.f / 16777217.f);
+    float u2 = float(g >> 8) * (1.f / 16777216.f);
+    float x = sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+    if (bf16) {
+      __nv_bfloat16 b = __float2bfloat16(x);
+      out[i] = *reinterpret_cast<uint16_t*>(&b);
+    } else {
+      __half b = __float2half(x);
+      out[i] = *reinterpret_cast<uint16_t*>(&b);
+    }
+  }
+}
+
+// Largest |a - ref| and |low - ref|, and whether any element of a is NaN.
+__global__ void compare(uint16_t const* a, float const* ref, float const* low, size_t n, bool bf16,
+                        float* out /* [max_err, max_low_err, nan_count] */) {
+  float err = 0.f, low_err = 0.f, nans = 0.f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint16_t bits = a[i];
+    float x = bf16 ? __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&bits))
+                   : __half2float(*reinterpret_cast<__half*>(&bits));
+    if (x != x) nans += 1.f;
+    err = fmaxf(err, fabsf(x - ref[i]));
+    low_err = fmaxf(low_err, fabsf(low[i] - ref[i]));
+  }
+  atomicMax(reinterpret_cast<int*>(&out[0]), __float_as_int(err));  // non-negative floats order as ints
+  atomicMax(reinterpret_cast<int*>(&out[1]), __float_as_int(low_err));
+  if (nans > 0.f) atomicAdd(&out[2], nans);
+}
+
+struct Config {
+  std::string variant = "default";
+  DType dtype = DType::kBF16;
+  int head_dim = 128;
+  bool causal = false;
+  int64_t batch = 1, seqlen = 1024, heads_q = 16, heads_kv = 16;
+  flash3::KernelOptions options;
+};
+
+struct Result {
+  Config config;
+  double ms = 0, tflops = 0;
+  float max_err = 0, ref_err = 0;
+  bool ok = false;
+  std::string error;
+};
+
+struct Options {
+  std::vector<int> head_dims = {64, 128, 256};
+  std::vector<int64_t> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
+  std::vector<bool> causal = {false, true};
+  DType dtype = DType::kBF16;
+  int64_t total_tokens = 16384, hidden = 2048, gqa = 1;
+  int reps = 30;
+  bool check = true, ablation = false;
+  std::string json, csv;
+};
+
+void usage() {
+  std::printf(
+      "flash3-bench: forward attention TFLOP/s, checked against the GPU reference\n"
+      "  --hdim 64,128,256      head dims\n"
+      "  --seqlen 512,...       sequence lengths (batch = tokens / seqlen, heads = hidden / hdim)\n"
+      "  --causal 0|1|both      mask (default both)\n"
+      "  --dtype bf16|fp16\n"
+      "  --tokens N --hidden N  total tokens (16384) and hidden size (2048), the paper's settings\n"
+      "  --gqa R                query heads per K/V head (default 1)\n"
+      "  --reps N               timed runs per shape, median reported (default 30)\n"
+      "  --no-check             skip the reference check\n"
+      "  --ablation             paper Table 2: batch 4, seqlen 8448, 16 heads, hdim 128, each technique off\n"
+      "  --json FILE --csv FILE also write the results there\n");
+}
+
+template <class T>
+std::vector<T> parse_list(char const* s) {
+  std::vector<T> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(T(std::stoll(item)));
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> char const* {
+      if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); std::exit(2); }
+      return argv[++i];
+    };
+    if (a == "--hdim") o.head_dims = parse_list<int>(next());
+    else if (a == "--seqlen") o.seqlens = parse_list<int64_t>(next());
+    else if (a == "--causal") {
+      std::string v = next();
+      o.causal = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "1"};
+    } else if (a == "--dtype") o.dtype = std::string(next()) == "fp16" ? DType::kFP16 : DType::kBF16;
+    else if (a == "--tokens") o.total_tokens = std::stoll(next());
+    else if (a == "--hidden") o.hidden = std::stoll(next());
+    else if (a == "--gqa") o.gqa = std::stoll(next());
+    else if (a == "--reps") o.reps = std::max(1, std::stoi(next()));
+    else if (a == "--no-check") o.check = false;
+    else if (a == "--ablation") o.ablation = true;
+    else if (a == "--json") o.json = next();
+    else if (a == "--csv") o.csv = next();
+    else if (a == "--help" || a == "-h") { usage(); std::exit(0); }
+    else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); usage(); std::exit(2); }
+  }
+  return o;
+}
+
+double flops(Config const& c) {
+  double f = 4.0 * c.seqlen * c.seqlen * c.head_dim * c.heads_q * c.batch;
+  return c.causal ? f / 2 : f;
+}
+
+// One shape: fresh random inputs, poisoned output, check, then time.
+Result run(Config const& c, Options const& opt, uint32_t seed) {
+  Result r;
+  r.config = c;
+  int64_t const d = c.head_dim;
+  size_t const q_elems = size_t(c.batch) * c.seqlen * c.heads_q * d;
+  size_t const kv_elems = size_t(c.batch) * c.seqlen * c.heads_kv * d;
+  size_t const lse_elems = size_t(c.batch) * c.heads_q * c.seqlen;
+  bool const bf16 = c.dtype == DType::kBF16;
+  uint16_t *q, *k, *v, *o;
+  float* lse;
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&q), q_elems * 2));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&k), kv_elems * 2));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&v), kv_elems * 2));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&o), q_elems * 2));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&lse), lse_elems * 4));
+  fill_normal<<<1024, 256>>>(q, q_elems, seed, bf16);
+  fill_normal<<<1024, 256>>>(k, kv_elems, seed * 3 + 1, bf16);
+  fill_normal<<<1024, 256>>>(v, kv_elems, seed * 7 + 2, bf16);
+  CHECK_CUDA(cudaMemset(o, 0xff, q_elems * 2));  // NaN: unwritten elements show
+
+  flash3::ForwardArgs a;
+  a.dtype = c.dtype;
+  a.batch = c.batch;
+  a.seqlen_q = a.seqlen_k = c.seqlen;
+  a.heads_q = c.heads_q;
+  a.heads_kv = c.heads_kv;
+  a.head_dim = d;
+  a.causal = c.causal;
+  a.options = c.options;
+  a.q = flash3::contiguous<const void*>(q, c.seqlen, c.heads_q, d);
+  a.k = flash3::contiguous<const void*>(k, c.seqlen, c.heads_kv, d);
+  a.v = flash3::contiguous<const void*>(v, c.seqlen, c.heads_kv, d);
+  a.o = flash3::contiguous<void*>(o, c.seqlen, c.heads_q, d);
+  a.lse = lse;
+
+  flash3::Status s = flash3::forward(a, nullptr);
+  if (s.ok()) {
+    CHECK_CUDA(cudaDeviceSynchronize());
+    r.ok = true;
+    if (opt.check) {
+      float *ref, *low, *stats;
+      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), q_elems * 4));
+      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&low), q_elems * 4));
+      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&stats), 3 * 4));
+      CHECK_CUDA(cudaMemset(stats, 0, 3 * 4));
+      flash3::reference::AttentionShape shape{c.batch, c.seqlen, c.seqlen, c.heads_q, c.heads_kv, d, 0.f, c.causal};
+      CHECK_CUDA(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, ref, nullptr, false, nullptr));
+      CHECK_CUDA(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, low, nullptr, true, nullptr));
+      compare<<<1024, 256>>>(o, ref, low, q_elems, bf16, stats);
+      float h[3];
+      CHECK_CUDA(cudaMemcpy(h, stats, sizeof(h), cudaMemcpyDeviceToHost));
+      r.max_err = h[0];
+      r.ref_err = h[1];
+      r.ok = h[2] == 0.f && h[0] <= 2 * h[1] + 1e-5f;
+      if (!r.ok) r.error = h[2] > 0 ? "NaN or unwritten output" : "error above 2x the same-precision reference";
+      cudaFree(ref);
+      cudaFree(low);
+      cudaFree(stats);
+    }
+    // Time: warm up, then the median of opt.reps event-timed runs.
+    cudaEvent_t start, stop;
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&stop));
+    for (int i = 0; i < 3; ++i) flash3::forward(a, nullptr);
+    std::vector<float> times;
+    for (int i = 0; i < opt.reps; ++i) {
+      CHECK_CUDA(cudaEventRecord(start));
+      flash3::forward(a, nullptr);
+      CHECK_CUDA(cudaEventRecord(stop));
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      float ms;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      times.push_back(ms);
+    }
+    std::sort(times.begin(), times.end());
+    r.ms = times[times.size() / 2];
+    r.tflops = flops(c) / (r.ms * 1e-3) / 1e12;
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  } else {
+    r.error = s.message();
+  }
+  cudaFree(q);
+  cudaFree(k);
+  cudaFree(v);
+  cudaFree(o);
+  cudaFree(lse);
+  return r;
+}
+
+void write_json(std::string const& path, std::vector<Result> const& results) {
+  std::ofstream f(path);
+  f << "[\n";
+  for (size_t i = 0; i < results.size(); ++i) {
+    Config const& c = results[i].config;
+    f << "  {\"pass\": \"fwd\", \"variant\": \"" << c.variant << "\", \"dtype\": \""
+      << (c.dtype == DType::kBF16 ? "bf16" : "fp16") << "\", \"hdim\": " << c.head_dim
+      << ", \"causal\": " << (c.causal ? "true" : "false") << ", \"batch\": " << c.batch
+      << ", \"seqlen_q\": " << c.seqlen << ", \"seqlen_k\": " << c.seqlen << ", \"heads_q\": " << c.heads_q
+      << ", \"heads_kv\": " << c.heads_kv << ", \"ms\": " << results[i].ms << ", \"tflops\": " << results[i].tflops
+      << ", \"max_err\": " << results[i].max_err << ", \"ref_err\": " << results[i].ref_err
+      << ", \"ok\": " << (results[i].ok ? "true" : "false") << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+  }
+  f << "]\n";
+}
+
+void write_csv(std::string const& path, std::vector<Result> const& results) {
+  std::ofstream f(path);
+  f << "variant,dtype,hdim,causal,batch,seqlen,heads_q,heads_kv,ms,tflops,max_err,ref_err,ok\n";
+  for (Result const& r : results) {
+    Config const& c = r.config;
+    f << c.variant << "," << (c.dtype == DType::kBF16 ? "bf16" : "fp16") << "," << c.head_dim << "," << c.causal
+      << "," << c.batch << "," << c.seqlen << "," << c.heads_q << "," << c.heads_kv << "," << r.ms << ","
+      << r.tflops << "," << r.max_err << "," << r.ref_err << "," << r.ok << "\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt = parse(argc, argv);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "flash3-bench: no CUDA device found; the benchmark needs a Hopper GPU (H100/H200).\n");
+    return 2;
+  }
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+
+  std::vector<Config> configs;
+  if (opt.ablation) {
+    char const* names[] = {"default", "no-pingpong", "no-intra-wg-overlap", "no-persistent"};
+    for (int i = 0; i < 4; ++i) {
+      Config c;
+      c.variant = names[i];
+      c.batch = 4;
+      c.seqlen = 8448;
+      c.heads_q = c.heads_kv = 16;
+      c.head_dim = 128;
+      c.options.pingpong = i != 1;
+      c.options.intra_warpgroup_overlap = i != 2;
+      c.options.persistent = i != 3;
+      configs.push_back(c);
+    }
+  } else {
+    for (int d : opt.head_dims) {
+      for (bool causal : opt.causal) {
+        for (int64_t s : opt.seqlens) {
+          Config c;
+          c.dtype = opt.dtype;
+          c.head_dim = d;
+          c.causal = causal;
+          c.seqlen = s;
+          c.batch = std::max<int64_t>(1, opt.total_tokens / s);
+          c.heads_q = std::max<int64_t>(1, opt.hidden / d);
+          c.heads_kv = std::max<int64_t>(1, c.heads_q / opt.gqa);
+          configs.push_back(c);
+        }
+      }
+    }
+  }
+
+  std::vector<Result> results;
+  bool all_ok = true;
+  for (size_t i = 0; i < configs.size(); ++i) {
+    Config const& c = configs[i];
+    std::fprintf(stderr, "[%zu/%zu] %s hdim %d%s seqlen %lld batch %lld heads %lld/%lld\n", i + 1, configs.size(),
+                 c.variant.c_str(), c.head_dim, c.causal ? " causal" : "", (long long)c.seqlen, (long long)c.batch,
+                 (long long)c.heads_q, (long long)c.heads_kv);
+    results.push_back(run(c, opt, 1000u + uint32_t(i) * 17u));
+    all_ok &= results.back().ok;
+  }
+
+  std::printf("\n| variant | dtype | hdim | causal | batch | seqlen | heads | ms | TFLOP/s | max err | ref err | check |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (Result const& r : results) {
+    Config const& c = r.config;
+    std::printf("| %s | %s | %d | %s | %lld | %lld | %lld/%lld | %.3f | %.1f | %.2e | %.2e | %s |\n",
+                c.variant.c_str(), c.dtype == DType::kBF16 ? "bf16" : "fp16", c.head_dim, c.causal ? "yes" : "no",
+                (long long)c.batch, (long long)c.seqlen, (long long)c.heads_q, (long long)c.heads_kv, r.ms, r.tflops,
+                r.max_err, r.ref_err, r.ok ? (opt.check ? "ok" : "unchecked") : ("FAIL: " + r.error).c_str());
+  }
+  if (!opt.json.empty()) write_json(opt.json, results);
+  if (!opt.csv.empty()) write_csv(opt.csv, results);
+  return all_ok ? 0 : 1;
+}

@@ -1,0 +1,110 @@
+// flash3: FlashAttention-3 for NVIDIA Hopper (sm_90a).
+//
+// The public C++ API. It holds no CuTe, CUTLASS or PyTorch types: a caller
+// describes its tensors with device pointers and strides, and gets a Status.
+//
+// Layout of every Q/K/V/O tensor: [batch, seqlen, heads, head_dim], with
+// arbitrary (64-bit, element-counted) strides for batch, seqlen and heads and a
+// contiguous head dimension. Packed QKV tensors are described by pointing Q, K
+// and V into the same buffer with the packed strides.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace flash3 {
+
+enum class DType { kBF16, kFP16 };
+
+// Every entry point returns a Status; none throws and none launches anything
+// when the arguments are invalid.
+class Status {
+ public:
+  enum class Code {
+    kOk,
+    kInvalidArgument,  // a bad argument; message() names it
+    kUnsupported,      // valid, but not supported here (e.g. the device is not sm_90)
+    kCudaError,        // a CUDA runtime call failed
+  };
+  Status() = default;
+  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  Code code_ = Code::kOk;
+  std::string message_;
+};
+
+// A [batch, seqlen, heads, head_dim] view of device memory. Strides count
+// elements. dim_stride must be 1; it is here so that a non-contiguous head
+// dimension is reported rather than silently misread.
+template <class Pointer>
+struct TensorRef {
+  Pointer data = nullptr;
+  int64_t batch_stride = 0;
+  int64_t seq_stride = 0;
+  int64_t head_stride = 0;
+  int64_t dim_stride = 1;
+};
+using ConstTensor = TensorRef<const void*>;
+using MutableTensor = TensorRef<void*>;
+
+// Strides of a densely packed [batch, seqlen, heads, head_dim] tensor.
+template <class Pointer>
+TensorRef<Pointer> contiguous(Pointer data, int64_t seqlen, int64_t heads, int64_t head_dim) {
+  return TensorRef<Pointer>{data, seqlen * heads * head_dim, heads * head_dim, head_dim, 1};
+}
+
+// Switches for the paper's ablation (Table 2). Every technique is on by
+// default; turning one off gives a slower kernel that computes the same result.
+struct KernelOptions {
+  bool pingpong = true;            // §3.1: named barriers order the two consumer warpgroups' GEMMs
+  bool intra_warpgroup_overlap = true;  // §3.2, Algorithm 2: softmax of block j overlaps QK^T of block j+1
+  bool persistent = true;          // one CTA per SM, tiles handed out by the scheduler
+};
+
+struct ForwardArgs {
+  DType dtype = DType::kBF16;
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t heads_q = 0;
+  int64_t heads_kv = 0;  // heads_q % heads_kv == 0: MHA (equal), GQA, MQA (1)
+  int64_t head_dim = 0;  // 64, 96, 128, 192 or 256
+
+  ConstTensor q;   // [batch, seqlen_q, heads_q, head_dim]
+  ConstTensor k;   // [batch, seqlen_k, heads_kv, head_dim]
+  ConstTensor v;   // [batch, seqlen_k, heads_kv, head_dim]
+  MutableTensor o; // [batch, seqlen_q, heads_q, head_dim]
+
+  // Optional float32 [batch, heads_q, seqlen_q], contiguous: the natural-log
+  // sum of exp of the scaled scores of each query row. A row that sees no key
+  // (causal with seqlen_q > seqlen_k) gets +inf and an output of zeros, as in
+  // FlashAttention.
+  float* lse = nullptr;
+
+  // Multiplies QK^T before the softmax. 0 selects 1/sqrt(head_dim).
+  float softmax_scale = 0.0f;
+
+  // Causal mask aligned to the bottom-right corner: query i sees key j iff
+  // j <= i + seqlen_k - seqlen_q (FlashAttention-2/3's convention).
+  bool causal = false;
+
+  KernelOptions options;
+};
+
+// Checks the arguments without touching the device: sizes, head dim, pointers
+// and their alignment, strides. Returns kInvalidArgument naming the argument.
+Status validate(const ForwardArgs& args);
+
+// O = softmax(scale * Q K^T [+ causal mask]) V, and the LSE if asked for.
+// Validates first (including that the current device is sm_90), then enqueues
+// the kernel on `stream`. Asynchronous: errors of the kernel itself surface at
+// the next synchronization, as with any CUDA launch.
+Status forward(const ForwardArgs& args, cudaStream_t stream);
+
+}  // namespace flash3

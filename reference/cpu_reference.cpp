@@ -1,0 +1,124 @@
+// Float64 CPU attention and the host-side 16-bit float conversions.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "reference.h"
+
+namespace flash3::reference {
+
+void attention_cpu(const AttentionShape& s, const double* q, const double* k, const double* v, double* o,
+                   double* lse) {
+  if (!is_valid(s)) throw std::invalid_argument("attention_cpu: invalid AttentionShape");
+  const int64_t d = s.head_dim;
+  const int64_t group = s.heads_q / s.heads_kv;
+  const double scale = effective_scale(s);
+  std::vector<double> w(s.seqlen_k);  // the row's scores, then its unnormalized weights
+
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads_q; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t i = 0; i < s.seqlen_q; ++i) {
+        const double* qi = q + ((b * s.seqlen_q + i) * s.heads_q + h) * d;
+        double* oi = o + ((b * s.seqlen_q + i) * s.heads_q + h) * d;
+        double* lse_i = lse ? lse + (b * s.heads_q + h) * s.seqlen_q + i : nullptr;
+        // Keys [0, visible) are unmasked.
+        const int64_t visible =
+            s.causal ? std::clamp<int64_t>(i + s.seqlen_k - s.seqlen_q + 1, 0, s.seqlen_k) : s.seqlen_k;
+        std::fill(oi, oi + d, 0.0);
+        if (visible == 0) {
+          if (lse_i) *lse_i = std::numeric_limits<double>::infinity();
+          continue;
+        }
+        double max_score = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < visible; ++j) {
+          const double* kj = k + ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
+          w[j] = scale * dot;
+          max_score = std::max(max_score, w[j]);
+        }
+        // Subtracting the max keeps exp() finite for any score magnitude.
+        double sum = 0;
+        for (int64_t j = 0; j < visible; ++j) {
+          w[j] = std::exp(w[j] - max_score);
+          sum += w[j];
+        }
+        for (int64_t j = 0; j < visible; ++j) {
+          const double* vj = v + ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
+          for (int64_t c = 0; c < d; ++c) oi[c] += w[j] * vj[c];
+        }
+        for (int64_t c = 0; c < d; ++c) oi[c] /= sum;
+        if (lse_i) *lse_i = max_score + std::log(sum);
+      }
+    }
+  }
+}
+
+namespace {
+
+uint32_t float_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+float bits_float(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+}  // namespace
+
+float bf16_to_float(uint16_t bits) { return bits_float(uint32_t(bits) << 16); }
+
+uint16_t float_to_bf16(float x) {
+  const uint32_t u = float_bits(x);
+  if (std::isnan(x)) return uint16_t((u >> 16) | 0x0040);  // keep the sign, force a quiet NaN
+  // Adding 0x7fff plus the kept part's lowest bit rounds to nearest, ties to
+  // even; a carry out of the mantissa bumps the exponent, up to infinity.
+  const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(rounded >> 16);
+}
+
+float half_to_float(uint16_t bits) {
+  const uint32_t sign = uint32_t(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  const uint32_t mantissa = bits & 0x3ffu;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float
+    const float magnitude = std::ldexp(float(mantissa), -24);
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 0x1f) return bits_float(sign | 0x7f800000u | (mantissa << 13));  // inf or NaN
+  return bits_float(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
+}
+
+uint16_t float_to_half(float x) {
+  const uint32_t u = float_bits(x);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  // 65520 = 0x477ff000 is halfway between the largest half (65504) and 2^16;
+  // the tie goes to the even neighbour, 2^16, i.e. infinity.
+  if (a >= 0x477ff000u) return sign | 0x7c00u;
+  if (a >= 0x38800000u) {  // normal half (>= 2^-14): rebias the exponent, drop 13 bits
+    const uint32_t rebiased = a - ((127u - 15u) << 23);
+    return sign | uint16_t((rebiased + 0xfffu + ((rebiased >> 13) & 1u)) >> 13);
+  }
+  // Subnormal half: round |x| / 2^-24 to an integer. At or below 2^-25 (half
+  // the smallest subnormal) that is 0, the tie included.
+  if (a <= 0x33000000u) return sign;
+  const uint32_t significand = (a & 0x7fffffu) | 0x800000u;  // |x| = significand * 2^(e - 150)
+  const int shift = 126 - int(a >> 23);                      // |x| / 2^-24 = significand >> shift
+  const uint32_t quotient = significand >> shift;
+  const uint32_t remainder = significand & ((1u << shift) - 1);
+  const uint32_t half_way = 1u << (shift - 1);
+  const bool round_up = remainder > half_way || (remainder == half_way && (quotient & 1u));
+  return sign | uint16_t(quotient + (round_up ? 1 : 0));  // 0x400 (2^-14) when it rounds up into the normals
+}
+
+}  // namespace flash3::reference

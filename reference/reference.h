@@ -1,0 +1,87 @@
+// Reference attention for flash3's tests and benchmark, written for trust, not
+// speed: a float64 CPU version and a plain tiled float32 CUDA version, plus the
+// 16-bit float conversions the tests use to make inputs.
+//
+// Both compute, per batch b and query head h (using KV head h / (heads_q /
+// heads_kv), i.e. GQA/MQA),
+//   O = softmax(scale * Q K^T + mask) V,   LSE = log(sum_j exp(scale * q.k_j)),
+// with FlashAttention's conventions: the causal mask is aligned to the
+// bottom-right corner (query i sees key j iff j <= i + seqlen_k - seqlen_q),
+// and a row that sees no key gets an output of zeros and an LSE of +infinity.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "flash3/flash3.h"
+
+// The GPU reference is declared only where CUDA's runtime header is on the
+// include path, so that the CPU parts work with a plain C++ compiler.
+#if __has_include(<cuda_runtime_api.h>)
+#include <cuda_runtime_api.h>
+#define FLASH3_REFERENCE_HAS_CUDA 1
+#endif
+
+namespace flash3::reference {
+
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t heads_q = 0;
+  int64_t heads_kv = 0;  // divides heads_q
+  int64_t head_dim = 0;
+  float softmax_scale = 0.0f;  // 0 selects 1 / sqrt(head_dim)
+  bool causal = false;
+};
+
+// True when the sizes are usable: batch and sequence lengths >= 0, heads and
+// head_dim >= 1, heads_q a multiple of heads_kv. Zero batch or seqlen_q is an
+// empty problem; seqlen_k == 0 makes every row see no key.
+inline bool is_valid(const AttentionShape& s) {
+  return s.batch >= 0 && s.seqlen_q >= 0 && s.seqlen_k >= 0 && s.heads_q >= 1 && s.heads_kv >= 1 &&
+         s.head_dim >= 1 && s.heads_q % s.heads_kv == 0;
+}
+
+// The scale actually applied to Q K^T.
+inline double effective_scale(const AttentionShape& s) {
+  return s.softmax_scale != 0.0f ? double(s.softmax_scale) : 1.0 / std::sqrt(double(s.head_dim));
+}
+
+// Float64 attention on the CPU. Dense row-major arrays:
+//   q, o: [batch, seqlen_q, heads_q, head_dim]
+//   k, v: [batch, seqlen_k, heads_kv, head_dim]
+//   lse:  [batch, heads_q, seqlen_q], natural log; may be nullptr.
+// Throws std::invalid_argument when !is_valid(shape).
+void attention_cpu(const AttentionShape& shape, const double* q, const double* k, const double* v, double* o,
+                   double* lse);
+
+#ifdef FLASH3_REFERENCE_HAS_CUDA
+// Attention on the GPU with float32 accumulation, for any shape (head_dim up to
+// what one block's shared memory holds, about 900 on sm_90).
+//   q, k, v: device bf16 or fp16 (per dtype) tensors described as in flash3.h
+//            (element strides, dim_stride == 1); k and v may be null when
+//            seqlen_k == 0.
+//   o:       device float32, dense [batch, seqlen_q, heads_q, head_dim].
+//   lse:     device float32, dense [batch, heads_q, seqlen_q]; may be nullptr.
+// emulate_low_precision models a straightforward implementation in the input
+// precision: S = scale * Q K^T accumulated in float32 and rounded to dtype, the
+// softmax in float32, the normalized P rounded to dtype before P V (float32
+// accumulation), and O rounded to dtype (still stored as float32). Otherwise
+// everything after the input is float32.
+// Enqueues on `stream` and does not synchronize. Returns cudaErrorInvalidValue
+// for a bad shape, stride or pointer (before any CUDA call), else the launch's
+// error.
+cudaError_t attention_gpu(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q,
+                          flash3::ConstTensor k, flash3::ConstTensor v, float* o, float* lse,
+                          bool emulate_low_precision, cudaStream_t stream);
+#endif
+
+// 16-bit float conversions on the host, without CUDA headers. float_to_* round
+// to nearest, ties to even; overflow gives infinity and NaN stays NaN.
+float bf16_to_float(uint16_t bits);
+uint16_t float_to_bf16(float x);
+float half_to_float(uint16_t bits);
+uint16_t float_to_half(float x);
+
+}  // namespace flash3::reference

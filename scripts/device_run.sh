@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: GPU tests, compute-sanitizer, the benchmark
+# sweep, the Table 2 ablation and the SDPA peers, logs under $OUT, a short
+# summary last. Binaries are built on the workstation and carried in .device/
+# (scripts/stage_device.sh).
+#   scripts/device_run.sh [stage ...]   stages: test sanitize bench ablation compare (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/flash3-out}
+mkdir -p "$OUT"
+B=.device
+stages=${*:-test sanitize bench ablation compare}
+export PYTHONUNBUFFERED=1
+summary=()
+has() { [[ " $stages " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+echo "commit $(cat $B/COMMIT 2>/dev/null)" | tee -a "$OUT/gpu.txt"
+
+if has test; then
+  timeout 300 $B/test_gpu --gtest_brief=1 >"$OUT/test_gpu.log" 2>&1
+  rc=$?
+  summary+=("test_gpu rc=$rc: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_gpu.log" | tr '\n' ' ')")
+  grep -E "FAILED|Failure|error" "$OUT/test_gpu.log" | head -20
+fi
+
+if has sanitize; then
+  small="--seqlen 200 --tokens 400 --hidden 256 --hdim 64,128,256 --reps 1"
+  for tool in memcheck racecheck synccheck; do
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $B/flash3-bench $small >"$OUT/sanitize_$tool.log" 2>&1
+    summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)")
+  done
+fi
+
+if has bench; then
+  timeout 400 $B/flash3-bench --json "$OUT/bench.json" >"$OUT/bench.txt" 2>"$OUT/bench.err"
+  summary+=("bench rc=$?")
+fi
+
+if has ablation; then
+  timeout 120 $B/flash3-bench --ablation --json "$OUT/ablation.json" >"$OUT/ablation.txt" 2>&1
+  summary+=("ablation rc=$?")
+fi
+
+if has compare && [ -f "$OUT/bench.json" ]; then
+  timeout 300 python3 bench/compare_sdpa.py --flash3-json "$OUT/bench.json" >"$OUT/compare.txt" 2>"$OUT/compare.err"
+  summary+=("compare rc=$?")
+fi
+
+echo
+for f in ablation.txt compare.txt; do [ -f "$OUT/$f" ] && { echo "== $f"; grep -E '^\||beats|device' "$OUT/$f"; }; done
+[ -f "$OUT/bench.txt" ] && [ ! -f "$OUT/compare.txt" ] && { echo "== bench.txt"; grep '^|' "$OUT/bench.txt"; }
+echo "== summary"
+printf '%s\n' "${summary[@]}"

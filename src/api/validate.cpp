@@ -1,0 +1,83 @@
+// Argument checks of the public API. Host code only: nothing here touches the
+// device, so every check runs in CI.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "flash3/flash3.h"
+
+namespace flash3 {
+namespace {
+
+constexpr int64_t kMaxExtent = (int64_t(1) << 31) - 1;  // TMA coordinates and tile counts are 32-bit
+constexpr int64_t kTmaAlignBytes = 16;                  // TMA: base address and strides
+constexpr int64_t kMaxStrideBytes = int64_t(1) << 40;   // TMA: strides below 2^40 bytes
+
+Status invalid(std::string message) { return Status(Status::Code::kInvalidArgument, std::move(message)); }
+
+template <class Pointer>
+Status check_tensor(char const* name, TensorRef<Pointer> const& t, int64_t seqlen, int64_t heads, int64_t batch) {
+  std::string const n(name);
+  if (t.data == nullptr) return invalid(n + ".data: null pointer");
+  if (reinterpret_cast<uintptr_t>(t.data) % kTmaAlignBytes != 0) {
+    return invalid(n + ".data: must be 16-byte aligned (TMA)");
+  }
+  if (t.dim_stride != 1) return invalid(n + ".dim_stride: the head dimension must be contiguous (stride 1)");
+  struct Mode {
+    char const* field;
+    int64_t extent;
+    int64_t stride;
+  };
+  Mode const modes[] = {{"batch_stride", batch, t.batch_stride},
+                        {"seq_stride", seqlen, t.seq_stride},
+                        {"head_stride", heads, t.head_stride}};
+  int64_t const elem_bytes = 2;
+  for (Mode const& m : modes) {
+    if (m.extent <= 1) continue;  // a stride of a mode of size 1 is never used
+    if (m.stride <= 0) return invalid(n + "." + m.field + ": must be positive");
+    if ((m.stride * elem_bytes) % kTmaAlignBytes != 0) {
+      return invalid(n + "." + m.field + ": must be a multiple of 8 elements (16 bytes, TMA)");
+    }
+    if (m.stride >= kMaxStrideBytes / elem_bytes) return invalid(n + "." + m.field + ": must be below 2^39 elements");
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status validate(ForwardArgs const& a) {
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kFP16) return invalid("dtype: must be kBF16 or kFP16");
+  struct Size {
+    char const* name;
+    int64_t value;
+  };
+  for (Size const& s : {Size{"batch", a.batch}, Size{"seqlen_q", a.seqlen_q}, Size{"seqlen_k", a.seqlen_k}}) {
+    if (s.value < 0) return invalid(std::string(s.name) + ": must not be negative");
+    if (s.value > kMaxExtent) return invalid(std::string(s.name) + ": must be below 2^31");
+  }
+  for (Size const& s : {Size{"heads_q", a.heads_q}, Size{"heads_kv", a.heads_kv}}) {
+    if (s.value < 1) return invalid(std::string(s.name) + ": must be at least 1");
+    if (s.value > kMaxExtent) return invalid(std::string(s.name) + ": must be below 2^31");
+  }
+  if (a.heads_q % a.heads_kv != 0) return invalid("heads_kv: must divide heads_q (MHA, GQA or MQA)");
+  switch (a.head_dim) {
+    case 64: case 96: case 128: case 192: case 256: break;
+    default: return invalid("head_dim: must be 64, 96, 128, 192 or 256, got " + std::to_string(a.head_dim));
+  }
+  if (!std::isfinite(a.softmax_scale)) return invalid("softmax_scale: must be finite (0 selects 1/sqrt(head_dim))");
+  // (m_blocks * heads * batch) tiles are counted in 32 bits; 64 is the smallest block M.
+  if (((a.seqlen_q + 63) / 64) * a.heads_q * a.batch > kMaxExtent) {
+    return invalid("batch: batch * heads_q * seqlen_q / 64 must be below 2^31");
+  }
+  if (a.batch == 0 || a.seqlen_q == 0) return Status();  // nothing to compute or write
+  if (Status s = check_tensor("q", a.q, a.seqlen_q, a.heads_q, a.batch); !s.ok()) return s;
+  if (Status s = check_tensor("o", a.o, a.seqlen_q, a.heads_q, a.batch); !s.ok()) return s;
+  if (a.seqlen_k > 0) {
+    if (Status s = check_tensor("k", a.k, a.seqlen_k, a.heads_kv, a.batch); !s.ok()) return s;
+    if (Status s = check_tensor("v", a.v, a.seqlen_k, a.heads_kv, a.batch); !s.ok()) return s;
+  }
+  if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
+  return Status();
+}
+
+}  // namespace flash3

@@ -1,0 +1,46 @@
+// Which key blocks an M-block of queries must visit, and which of them need a
+// mask. Plain integer code, shared by the kernel and the CPU tests.
+//
+// The causal mask is aligned to the bottom-right corner: query row i sees key
+// column j iff j <= i + (seqlen_k - seqlen_q).
+#pragma once
+
+#include "common/tile_scheduler.h"  // FLASH3_HOST_DEVICE
+
+namespace flash3 {
+
+FLASH3_HOST_DEVICE int div_up(int a, int b) { return (a + b - 1) / b; }
+FLASH3_HOST_DEVICE int div_floor(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+struct BlockRange {
+  int n_block_min;   // first key block visited
+  int n_block_max;   // one past the last; empty when n_block_max <= n_block_min
+  int n_block_mask;  // blocks >= n_block_mask need the mask (causal diagonal or seqlen_k end)
+
+  FLASH3_HOST_DEVICE bool empty() const { return n_block_max <= n_block_min; }
+};
+
+FLASH3_HOST_DEVICE BlockRange block_range(int m_block, int block_m, int block_n, int seqlen_q, int seqlen_k,
+                                          bool causal) {
+  BlockRange r;
+  int const num_n_blocks = div_up(seqlen_k, block_n);
+  r.n_block_min = 0;
+  r.n_block_max = num_n_blocks;
+  // Only the last block can hold columns past seqlen_k.
+  r.n_block_mask = (seqlen_k % block_n == 0) ? num_n_blocks : num_n_blocks - 1;
+  if (causal) {
+    int const offset = seqlen_k - seqlen_q;
+    // The last row of the tile sees up to column (m_block+1)*block_m - 1 + offset.
+    int const last_row = (m_block + 1) * block_m - 1;
+    int const last_visible = (last_row < seqlen_q ? last_row : seqlen_q - 1) + offset;
+    int const n_max = last_visible < 0 ? 0 : last_visible / block_n + 1;
+    if (n_max < r.n_block_max) r.n_block_max = n_max;
+    // Block n holds a column past the first row's limit iff (n+1)*block_n - 1 > m_block*block_m + offset.
+    int const first_cut = div_floor(m_block * block_m + offset + 1, block_n);
+    int const first_cut_clamped = first_cut < 0 ? 0 : first_cut;
+    if (first_cut_clamped < r.n_block_mask) r.n_block_mask = first_cut_clamped;
+  }
+  return r;
+}
+
+}  // namespace flash3

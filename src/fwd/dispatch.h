@@ -1,0 +1,46 @@
+// The one place where runtime arguments become template parameters of the
+// forward kernel. Each (dtype, head dim) is compiled in its own generated
+// translation unit (fwd/instantiate.cu.in) that instantiates run_forward.
+#pragma once
+
+#include <cutlass/numeric_types.h>
+
+#include "api/device.h"
+#include "flash3/flash3.h"
+#include "fwd/launch.h"
+#include "fwd/traits.h"
+
+namespace flash3::fwd {
+
+template <DType kDType>
+using ElementOf = std::conditional_t<kDType == DType::kBF16, cutlass::bfloat16_t, cutlass::half_t>;
+
+// The ablation variants (paper Table 2) are compiled for the configuration
+// the paper measures them on, bf16 with head dim 128, to keep builds short.
+template <DType kDType, int kHeadDim>
+constexpr bool kHasAblations = kDType == DType::kBF16 && kHeadDim == 128;
+
+template <DType kDType, int kHeadDim, bool kCausal>
+Status run_forward_causal(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
+  using Element = ElementOf<kDType>;
+  bool const pingpong = a.options.pingpong;
+  bool const overlap = a.options.intra_warpgroup_overlap;
+  if (pingpong && overlap) {
+    return launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, true>>(a, device, stream);
+  }
+  if constexpr (kHasAblations<kDType, kHeadDim>) {
+    if (!pingpong && overlap) return launch_forward<FwdTraits<Element, kHeadDim, kCausal, false, true>>(a, device, stream);
+    if (pingpong && !overlap) return launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, false>>(a, device, stream);
+    return launch_forward<FwdTraits<Element, kHeadDim, kCausal, false, false>>(a, device, stream);
+  }
+  return Status(Status::Code::kUnsupported,
+                "options: switching off pingpong or intra_warpgroup_overlap is only built for bf16, head_dim 128");
+}
+
+template <DType kDType, int kHeadDim>
+Status run_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
+  return a.causal ? run_forward_causal<kDType, kHeadDim, true>(a, device, stream)
+                  : run_forward_causal<kDType, kHeadDim, false>(a, device, stream);
+}
+
+}  // namespace flash3::fwd

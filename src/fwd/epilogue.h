@@ -1,0 +1,103 @@
+// The forward epilogue (Algorithm 1, line 25): O from registers to shared
+// memory (stmatrix), then to global memory by one TMA store; the LSE straight
+// from registers. Rows past seqlen_q are clipped by the TMA store's bounds.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "common/layout.h"
+#include "common/tile_scheduler.h"
+#include "fwd/traits.h"
+
+namespace flash3::fwd {
+
+template <class Traits>
+struct Epilogue {
+  using Element = typename Traits::Element;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kNumConsumerThreads = Traits::kNumConsumerThreads;
+  using TileShapePV = typename Traits::TileShapePV;
+  using SmemLayoutO = typename Traits::SmemLayoutO;
+  using SharedStorage = typename Traits::SharedStorage;
+
+  using GmemShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{}, GmemStride{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutO{}, select<0, 1>(TileShapePV{}), _1{}));
+
+  struct Params {
+    TmaO tma_o;
+    GmemShape shape_o;
+    float* lse;  // [batch, heads, seqlen_q] or nullptr
+    int seqlen_q;
+    int num_heads;
+  };
+
+  static Params make_params(GmemTensor const& o, float* lse, int seqlen_q, int num_heads) {
+    return {make_tma_copy(SM90_TMA_STORE{}, o, SmemLayoutO{}, select<0, 1>(TileShapePV{}), _1{}), o.shape(), lse,
+            seqlen_q, num_heads};
+  }
+
+  CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
+    cute::prefetch_tma_descriptor(p.tma_o.get_tma_descriptor());
+  }
+
+  // tOrO: the normalised fp32 O of this thread; lse: its rows' LSE.
+  template <class FragO, int kRows>
+  CUTE_DEVICE static void store(Params const& p, SharedStorage& smem, FragO const& tOrO, float const (&lse)[kRows],
+                                TileCoord tile, int thread_idx) {
+    // With Traits::kSeparateSmemO false, qo.o shares Q's bytes.
+    Tensor sO = make_tensor(make_smem_ptr(smem.qo.o.data()), SmemLayoutO{});
+    Tensor rO = convert_fragment<Element>(tOrO);
+    auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::TiledMmaPV{});
+    auto thr_r2s = r2s.get_thread_slice(thread_idx);
+    Tensor src = thr_r2s.retile_S(rO);
+    Tensor dst = thr_r2s.partition_D(sO);
+
+    // The buffer is free once the previous tile's store has read it (and,
+    // when it is Q's buffer, once every consumer warpgroup is past its last
+    // QK^T, which this barrier also guarantees).
+    if (thread_idx == 0) tma_store_wait<0>();
+    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
+    copy(r2s, src, dst);
+    // stmatrix writes go through the generic proxy; the TMA store reads
+    // through the async proxy.
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
+
+    if (thread_idx == 0) {
+      Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
+      Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), select<0, 1>(TileShapePV{}), make_coord(tile.m_block, _0{}));
+      auto tma_o = p.tma_o.get_slice(_0{});
+      copy(p.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
+      tma_store_arrive();
+    }
+    if constexpr (!Traits::kSeparateSmemO) {
+      // Q's next tile may land in this buffer once the store has read it.
+      if (thread_idx < cutlass::NumThreadsPerWarp) {
+        if (thread_idx == 0) tma_store_wait<0>();
+        __syncwarp();
+        cutlass::arch::NamedBarrier::arrive(2 * cutlass::NumThreadsPerWarp, uint32_t(Barrier::kQueryEmpty));
+      }
+    }
+
+    if (p.lse != nullptr) {
+      // The four threads of a quad hold the same rows; the first writes.
+      Tensor coords = typename Traits::TiledMmaPV{}.get_thread_slice(thread_idx).partition_C(
+          make_identity_tensor(select<0, 1>(TileShapePV{})));
+      Tensor rc = make_tensor(coords.data(), accumulator_rowcol(coords.layout()));
+      if (thread_idx % 4 == 0) {
+        int64_t const base = (int64_t(tile.batch) * p.num_heads + tile.head) * p.seqlen_q;
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          int const row = tile.m_block * kBlockM + get<0>(rc(r, 0));
+          if (row < p.seqlen_q) p.lse[base + row] = lse[r];
+        }
+      }
+    }
+  }
+};
+
+}  // namespace flash3::fwd

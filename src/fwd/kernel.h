@@ -1,0 +1,114 @@
+// The FlashAttention-3 forward kernel: Algorithm 1's producer / consumer
+// split, persistent over the tiles the scheduler hands out.
+//
+//   warpgroup 0      producer: setmaxnreg down, TMA loads of Q, K_j, V_j
+//   warpgroups 1, 2  consumers: setmaxnreg up, the mainloop (Algorithm 2),
+//                    the epilogue
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "common/tile_scheduler.h"
+#include "fwd/block_range.h"
+#include "fwd/epilogue.h"
+#include "fwd/mainloop.h"
+#include "fwd/softmax.h"
+#include "fwd/traits.h"
+
+namespace flash3::fwd {
+
+template <class Traits>
+struct Kernel {
+  using MainloopT = Mainloop<Traits>;
+  using EpilogueT = Epilogue<Traits>;
+  using SharedStorage = typename Traits::SharedStorage;
+  using PipelineK = typename Traits::PipelineK;
+  using PipelineV = typename Traits::PipelineV;
+  using PipelineState = typename PipelineK::PipelineState;
+
+  struct Params {
+    typename MainloopT::Params mainloop;
+    typename EpilogueT::Params epilogue;
+    TileScheduler scheduler;
+    float softmax_scale;
+  };
+
+  static constexpr int kNumThreads = Traits::kNumThreads;
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+
+  CUTE_DEVICE static void run(Params const& params, char* smem_buf) {
+    SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
+    int const warp_group = cutlass::canonical_warp_group_idx();
+    int const warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
+    bool const lane_leader = cute::elect_one_sync();
+
+    // Algorithm 1, line 1: the pipeline objects of the circular K and V buffers.
+    if (threadIdx.x == 0) {
+      MainloopT::prefetch_descriptors(params.mainloop);
+      EpilogueT::prefetch_descriptors(params.epilogue);
+      smem.barrier_q.init(/*arrive_count=*/1);
+    }
+    typename PipelineK::Params pipeline_params;
+    pipeline_params.transaction_bytes = MainloopT::kKVBytes;
+    pipeline_params.role = warp_group == 0 ? PipelineK::ThreadCategory::Producer : PipelineK::ThreadCategory::Consumer;
+    pipeline_params.is_leader = threadIdx.x == 0;
+    pipeline_params.num_consumers = Traits::kNumConsumerThreads;
+    PipelineK pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+    PipelineV pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    __syncthreads();  // barriers initialised before anyone waits on them
+
+    TileScheduler const& scheduler = params.scheduler;
+    int const num_tiles = scheduler.num_tiles();
+    auto range_of = [&](TileCoord tile) {
+      return block_range(tile.m_block, Traits::kBlockM, Traits::kBlockN, params.mainloop.seqlen_q,
+                         params.mainloop.seqlen_k, Traits::kCausal);
+    };
+
+    if (warp_group == 0) {
+      // Producer (lines 2-10).
+      cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+      if (warp_in_group != 0) return;
+      PipelineState write_k = cutlass::make_producer_start_state<PipelineK>();
+      PipelineState write_v = cutlass::make_producer_start_state<PipelineV>();
+      int iteration = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x, ++iteration) {
+        TileCoord const tile = scheduler.tile(t);
+        MainloopT::load(params.mainloop, smem, pipeline_k, pipeline_v, write_k, write_v, tile, range_of(tile),
+                        iteration, lane_leader);
+      }
+    } else {
+      // Consumers (lines 11-26).
+      cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+      int const thread_idx = threadIdx.x - cutlass::NumThreadsPerWarpGroup;
+      PipelineState read_k, read_v;
+      typename Traits::TiledMmaPV tiled_mma_pv;
+      Tensor tOrO = partition_fragment_C(tiled_mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
+      OnlineSoftmax<2> softmax(params.mainloop.scale_log2);
+      MainloopT::pingpong_start(warp_group - 1);
+      int iteration = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x, ++iteration) {
+        TileCoord const tile = scheduler.tile(t);
+        clear(tOrO);
+        softmax.reset();
+        MainloopT::mma(params.mainloop, smem, pipeline_k, pipeline_v, read_k, read_v, tOrO, softmax, tile,
+                       range_of(tile), iteration, thread_idx);
+        // Line 24: O / l and the LSE.
+        float o_scale[2], lse[2];
+        softmax.finalize(o_scale, lse, params.softmax_scale);
+        rescale_rows(tOrO, o_scale);
+        EpilogueT::store(params.epilogue, smem, tOrO, lse, tile, thread_idx);
+      }
+    }
+  }
+};
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
+    forward_kernel(CUTE_GRID_CONSTANT typename Kernel<Traits>::Params const params) {
+  extern __shared__ __align__(1024) char smem[];
+  Kernel<Traits>::run(params, smem);
+}
+
+}  // namespace flash3::fwd

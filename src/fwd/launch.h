@@ -1,0 +1,69 @@
+// Host side of one forward kernel: TMA descriptors, scheduler, grid, launch.
+// Arguments have been validated by the caller.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "api/device.h"
+#include "flash3/flash3.h"
+#include "fwd/kernel.h"
+
+namespace flash3::fwd {
+
+// TMA needs every stride to be a multiple of 16 bytes, including those of
+// modes of size 1, which the caller may have left arbitrary: give those a
+// harmless valid value.
+inline int64_t tma_stride(int64_t extent, int64_t stride, int64_t head_dim) {
+  return extent == 1 ? head_dim : stride;
+}
+
+template <class Traits, class Pointer, class Element = typename Traits::Element>
+auto gmem_tensor(TensorRef<Pointer> const& t, int64_t seqlen, int64_t heads, int64_t batch) {
+  constexpr int kHeadDim = Traits::kHeadDim;
+  using Ptr = std::conditional_t<std::is_const_v<std::remove_pointer_t<Pointer>>, Element const*, Element*>;
+  // A sequence of length 0 (no keys) still needs a valid descriptor; no tile reads it.
+  int32_t const rows = int32_t(std::max<int64_t>(seqlen, 1));
+  return make_tensor(make_gmem_ptr(static_cast<Ptr>(t.data)),
+                     make_shape(rows, Int<kHeadDim>{}, int32_t(heads), int32_t(batch)),
+                     make_stride(tma_stride(seqlen, t.seq_stride, kHeadDim), _1{},
+                                 tma_stride(heads, t.head_stride, kHeadDim), tma_stride(batch, t.batch_stride, kHeadDim)));
+}
+
+template <class Traits>
+Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
+  using KernelT = Kernel<Traits>;
+  typename KernelT::Params params;
+  float const scale = a.softmax_scale != 0.f ? a.softmax_scale : 1.f / std::sqrt(float(a.head_dim));
+  params.mainloop = KernelT::MainloopT::make_params(
+      gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch), gmem_tensor<Traits>(a.k, a.seqlen_k, a.heads_kv, a.batch),
+      gmem_tensor<Traits>(a.v, a.seqlen_k, a.heads_kv, a.batch), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
+      int(a.seqlen_k), scale);
+  params.epilogue = KernelT::EpilogueT::make_params(gmem_tensor<Traits>(a.o, a.seqlen_q, a.heads_q, a.batch), a.lse,
+                                                    int(a.seqlen_q), int(a.heads_q));
+  params.softmax_scale = scale;
+
+  int const num_m_blocks = int((a.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
+  // K and V bytes one query head reads, shared by the heads of its GQA group.
+  int64_t const kv_bytes = 2 * a.seqlen_k * a.head_dim * int64_t(sizeof(typename Traits::Element)) /
+                           (a.heads_q / a.heads_kv);
+  params.scheduler = TileScheduler::make(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, device.l2_bytes);
+
+  int const num_tiles = params.scheduler.num_tiles();
+  int const grid = a.options.persistent ? std::min(num_tiles, device.num_sms) : num_tiles;
+  auto kernel = forward_kernel<Traits>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelT::kSmemBytes);
+  if (err == cudaSuccess) {
+    kernel<<<grid, KernelT::kNumThreads, KernelT::kSmemBytes, stream>>>(params);
+    err = cudaGetLastError();
+  }
+  if (err != cudaSuccess) {
+    return Status(Status::Code::kCudaError, std::string("forward kernel launch: ") + cudaGetErrorString(err));
+  }
+  return Status();
+}
+
+}  // namespace flash3::fwd

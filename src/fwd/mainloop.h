@@ -1,0 +1,295 @@
+// The forward mainloop: the producer's TMA loads (Algorithm 1, lines 4-10) and
+// the consumer warpgroups' GEMMs and softmax (Algorithm 2, or Algorithm 1's
+// lines 13-23 when the intra-warpgroup overlap is switched off).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "common/layout.h"
+#include "common/tile_scheduler.h"
+#include "fwd/block_range.h"
+#include "fwd/mask.h"
+#include "fwd/softmax.h"
+#include "fwd/traits.h"
+
+namespace flash3::fwd {
+
+template <class Traits>
+struct Mainloop {
+  using Element = typename Traits::Element;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kNumConsumerThreads = Traits::kNumConsumerThreads;
+  using TileShapeQK = typename Traits::TileShapeQK;
+  using SmemLayoutQ = typename Traits::SmemLayoutQ;
+  using SmemLayoutK = typename Traits::SmemLayoutK;
+  using SmemLayoutV = typename Traits::SmemLayoutV;
+  using SmemLayoutVt = typename Traits::SmemLayoutVt;
+  using PipelineK = typename Traits::PipelineK;
+  using PipelineV = typename Traits::PipelineV;
+  using PipelineState = typename PipelineK::PipelineState;
+  using SharedStorage = typename Traits::SharedStorage;
+
+  // Global tensors as (seqlen, head_dim, heads, batch); 64-bit strides.
+  using GmemShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor =
+      decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{}, select<0, 2>(TileShapeQK{}), _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
+                                      select<1, 2>(TileShapeQK{}), _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutV{}),
+                                      select<1, 2>(TileShapeQK{}), _1{}));
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  struct Params {
+    TmaQ tma_q;
+    TmaK tma_k;
+    TmaV tma_v;
+    GmemShape shape_q;
+    GmemShape shape_k;
+    int head_group;  // heads_q / heads_kv: query heads sharing one K/V head
+    int seqlen_q;
+    int seqlen_k;
+    float scale_log2;  // softmax_scale * log2(e)
+  };
+
+  static Params make_params(GmemTensor const& q, GmemTensor const& k, GmemTensor const& v, int head_group,
+                            int seqlen_q, int seqlen_k, float softmax_scale) {
+    return {make_tma_copy(SM90_TMA_LOAD{}, q, SmemLayoutQ{}, select<0, 2>(TileShapeQK{}), _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(SmemLayoutV{}), select<1, 2>(TileShapeQK{}), _1{}),
+            q.shape(),
+            k.shape(),
+            head_group,
+            seqlen_q,
+            seqlen_k,
+            softmax_scale * float(M_LOG2E)};
+  }
+
+  CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
+    cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+  }
+
+  // ---------------------------------------------------------------- producer
+  // Run by one warp of the producer warpgroup; `leader` is one elected lane,
+  // which issues the copies. Key blocks are walked from the last to the first
+  // so that the masked blocks come first (the consumer does the same).
+  CUTE_DEVICE static void load(Params const& p, SharedStorage& smem, PipelineK& pipeline_k,
+                               PipelineV& pipeline_v, PipelineState& write_k, PipelineState& write_v,
+                               TileCoord tile, BlockRange range, int tile_iteration, bool leader) {
+    Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
+    Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
+    Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+    int const head_kv = tile.head / p.head_group;
+    Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), select<0, 2>(TileShapeQK{}), make_coord(tile.m_block, _0{}));
+    Tensor gK = local_tile(mK(_, _, head_kv, tile.batch), select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));
+    Tensor gV = local_tile(mV(_, _, head_kv, tile.batch), select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));
+    Tensor sQ = make_tensor(make_smem_ptr(smem.qo.q.data()), SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});
+
+    auto tma_q = p.tma_q.get_slice(_0{});
+    auto tma_k = p.tma_k.get_slice(_0{});
+    auto tma_v = p.tma_v.get_slice(_0{});
+    Tensor tQgQ = tma_q.partition_S(gQ);
+    Tensor tQsQ = tma_q.partition_D(sQ);
+    Tensor tKgK = tma_k.partition_S(gK);  // (TMA, TMA_N, TMA_K, n_blocks)
+    Tensor tKsK = tma_k.partition_D(sK);  // (TMA, TMA_N, TMA_K, stages)
+    Tensor tVgV = tma_v.partition_S(gV);
+    Tensor tVsV = tma_v.partition_D(sV);
+
+    auto load_k = [&](int n_block) {
+      pipeline_k.producer_acquire(write_k);
+      if (leader) {
+        copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write_k)), tKgK(_, _, _, n_block),
+             tKsK(_, _, _, write_k.index()));
+      }
+      ++write_k;
+    };
+    auto load_v = [&](int n_block) {
+      pipeline_v.producer_acquire(write_v);
+      if (leader) {
+        copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write_v)), tVgV(_, _, _, n_block),
+             tVsV(_, _, _, write_v.index()));
+      }
+      ++write_v;
+    };
+
+    int n_block = range.n_block_max - 1;
+    // K of the first block does not depend on Q's buffer: start it before
+    // waiting for the consumers to free Q.
+    if (!range.empty()) load_k(n_block);
+    if (tile_iteration > 0) {
+      cutlass::arch::NamedBarrier::sync(kQueryEmptyThreads + cutlass::NumThreadsPerWarp,
+                                        uint32_t(Barrier::kQueryEmpty));
+    }
+    if (leader) {
+      smem.barrier_q.arrive_and_expect_tx(kQBytes);
+      copy(p.tma_q.with(reinterpret_cast<uint64_t&>(smem.barrier_q)), tQgQ, tQsQ);
+    }
+    if (range.empty()) return;
+    load_v(n_block);
+    for (--n_block; n_block >= range.n_block_min; --n_block) {
+      load_k(n_block);
+      load_v(n_block);
+    }
+  }
+
+  // Consumer threads that arrive at kQueryEmpty: all of them when O has its
+  // own buffer (they arrive once their last QK^T is done), else one warp,
+  // after O's store has read the buffer Q shares with it.
+  static constexpr int kQueryEmptyThreads =
+      Traits::kSeparateSmemO ? kNumConsumerThreads : cutlass::NumThreadsPerWarp;
+
+  // --------------------------------------------------------------- consumer
+  // Pingpong (§3.1): warpgroup w waits for its turn before issuing GEMMs and
+  // passes the turn to the other warpgroup once they are issued, so one
+  // warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+  CUTE_DEVICE static void pingpong_wait_turn(int warp_group) {
+    if constexpr (Traits::kPingpong) {
+      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kPingpongWG0) + warp_group);
+    }
+  }
+  CUTE_DEVICE static void pingpong_pass_turn(int warp_group) {
+    if constexpr (Traits::kPingpong) {
+      cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(Barrier::kPingpongWG0) + (1 - warp_group));
+    }
+  }
+  // Warpgroup 0 goes first.
+  CUTE_DEVICE static void pingpong_start(int warp_group) {
+    if (warp_group == 1) pingpong_pass_turn(warp_group);
+  }
+
+  // O (un-normalised) and the softmax state for one tile. thread_idx counts
+  // the consumer threads from 0.
+  template <class FragO, class Softmax>
+  CUTE_DEVICE static void mma(Params const& p, SharedStorage& smem, PipelineK& pipeline_k,
+                              PipelineV& pipeline_v, PipelineState& read_k, PipelineState& read_v,
+                              FragO& tOrO, Softmax& softmax, TileCoord tile, BlockRange range,
+                              int tile_iteration, int thread_idx) {
+    int const warp_group = thread_idx / cutlass::NumThreadsPerWarpGroup;
+    typename Traits::TiledMmaQK tiled_mma_qk;
+    typename Traits::TiledMmaPV tiled_mma_pv;
+    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(thread_idx);
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(thread_idx);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.qo.q.data()), SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});
+    Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ);
+    Tensor tSrK = thr_mma_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K, stages)
+    Tensor tOrV = thr_mma_pv.partition_fragment_B(sVt);   // (MMA, MMA_N, MMA_K, stages)
+
+    Tensor tSrS = partition_fragment_C(tiled_mma_qk, select<0, 1>(TileShapeQK{}));
+    Tensor rP = make_tensor<Element>(tSrS.layout());
+    Tensor tOrP = make_tensor(rP.data(), accumulator_as_operand_a(rP.layout()));
+    float o_scale[Softmax::kRowsPerThread];
+
+    Mask<Traits::kCausal, kBlockM, kBlockN, typename Traits::TiledMmaQK> const mask{p.seqlen_q, p.seqlen_k};
+
+    smem.barrier_q.wait(tile_iteration % 2);
+    if (range.empty()) {
+      query_done();
+      return;
+    }
+
+    auto qk_gemm = [&](auto& acc_s) {
+      pipeline_k.consumer_wait(read_k);
+      warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), acc_s);
+    };
+    auto pv_gemm = [&]() {
+      pipeline_v.consumer_wait(read_v);
+      warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+    };
+    auto release_k = [&]() { pipeline_k.consumer_release(read_k); ++read_k; };
+    auto release_v = [&]() { pipeline_v.consumer_release(read_v); ++read_v; };
+    auto softmax_step = [&](auto& acc_s, int n_block, auto needs_mask) {
+      if constexpr (decltype(needs_mask)::value) mask.apply(acc_s, tile.m_block, n_block, thread_idx);
+      softmax.step(acc_s, o_scale);
+    };
+    auto to_operand = [&](auto const& acc_s) { rP = convert_fragment<Element>(acc_s); };
+
+    int n_block = range.n_block_max - 1;
+    int const n_block_mask = max(range.n_block_mask, range.n_block_min);
+
+    if constexpr (Traits::kIntraWGOverlap) {
+      // Algorithm 2, lines 3-6: S_cur = Q K_0^T, softmax.
+      pingpong_wait_turn(warp_group);
+      qk_gemm(tSrS);
+      pingpong_pass_turn(warp_group);
+      warpgroup_wait<0>();
+      release_k();
+      if (n_block >= n_block_mask) {
+        softmax_step(tSrS, n_block, cute::true_type{});
+      } else {
+        softmax_step(tSrS, n_block, cute::false_type{});
+      }
+      to_operand(tSrS);
+      // Lines 7-17: S_next = Q K_j^T and O += P_cur V_{j-1} are issued
+      // together; the softmax of S_next runs while O's GEMM is in flight.
+      auto iteration = [&](int n, auto needs_mask) {
+        Tensor tSrS_next = partition_fragment_C(tiled_mma_qk, select<0, 1>(TileShapeQK{}));
+        pingpong_wait_turn(warp_group);
+        qk_gemm(tSrS_next);
+        pv_gemm();
+        pingpong_pass_turn(warp_group);
+        warpgroup_wait<1>();  // S_next is ready, O's GEMM may still run
+        release_k();
+        softmax_step(tSrS_next, n, needs_mask);
+        warpgroup_wait<0>();
+        release_v();
+        rescale_rows(tOrO, o_scale);
+        to_operand(tSrS_next);
+      };
+      for (--n_block; n_block >= n_block_mask; --n_block) iteration(n_block, cute::true_type{});
+      for (; n_block >= range.n_block_min; --n_block) iteration(n_block, cute::false_type{});
+      query_done();
+      // Lines 18-19: the last O += P V.
+      pingpong_wait_turn(warp_group);
+      pv_gemm();
+      pingpong_pass_turn(warp_group);
+      warpgroup_wait<0>();
+      release_v();
+    } else {
+      // Algorithm 1, lines 15-23: each block's softmax waits for its QK^T, and
+      // its PV waits for the softmax.
+      auto iteration = [&](int n, auto needs_mask) {
+        pingpong_wait_turn(warp_group);
+        qk_gemm(tSrS);
+        pingpong_pass_turn(warp_group);
+        warpgroup_wait<0>();
+        release_k();
+        softmax_step(tSrS, n, needs_mask);
+        rescale_rows(tOrO, o_scale);
+        to_operand(tSrS);
+        pingpong_wait_turn(warp_group);
+        pv_gemm();
+        pingpong_pass_turn(warp_group);
+        warpgroup_wait<0>();
+        release_v();
+      };
+      for (; n_block >= n_block_mask; --n_block) iteration(n_block, cute::true_type{});
+      for (; n_block >= range.n_block_min; --n_block) iteration(n_block, cute::false_type{});
+      query_done();
+    }
+  }
+
+  // With a separate O buffer, Q's buffer is free once this thread's last
+  // QK^T has completed.
+  CUTE_DEVICE static void query_done() {
+    if constexpr (Traits::kSeparateSmemO) {
+      cutlass::arch::NamedBarrier::arrive(kQueryEmptyThreads + cutlass::NumThreadsPerWarp,
+                                          uint32_t(Barrier::kQueryEmpty));
+    }
+  }
+};
+
+}  // namespace flash3::fwd

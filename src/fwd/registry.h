@@ -1,0 +1,13 @@
+// The forward instances a build contains, without CuTe: the API layer calls
+// these, and the generated instantiate_*.cu files define them.
+#pragma once
+
+#include "api/device.h"
+#include "flash3/flash3.h"
+
+namespace flash3::fwd {
+
+template <DType kDType, int kHeadDim>
+Status run_forward_instance(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream);
+
+}  // namespace flash3::fwd

@@ -1,0 +1,88 @@
+// Online softmax (paper §2.3, Algorithm 1 lines 18-19 and 24) over the rows a
+// consumer thread holds of the S accumulator. FP32 throughout; the softmax
+// scale is folded into exp2 (one FFMA + one MUFU.EX2 per score).
+#pragma once
+
+#include <cmath>
+
+#include "common/layout.h"
+
+namespace flash3::fwd {
+
+// Max / sum across the 4 threads of a quad, which together hold a row.
+template <class Op>
+CUTE_DEVICE float quad_allreduce(float x, Op op) {
+  x = op(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return op(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+
+template <int kRows>
+struct OnlineSoftmax {
+  static constexpr int kRowsPerThread = kRows;
+  float row_max[kRows];  // m_i, in unscaled score units
+  float row_sum[kRows];  // l_i, this thread's share until finalize()
+  float scale_log2;      // softmax_scale * log2(e)
+
+  CUTE_DEVICE explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) { reset(); }
+
+  CUTE_DEVICE void reset() {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.f;
+    }
+  }
+
+  // S -> P~ = exp(scale * (S - m_new)) in place; m and l updated. Returns in
+  // o_scale the factor exp(scale * (m_old - m_new)) by which O must be
+  // rescaled (0 while a row has seen only masked scores).
+  template <class TensorS>
+  CUTE_DEVICE void step(TensorS& acc_s, float (&o_scale)[kRows]) {
+    Tensor s = make_tensor(acc_s.data(), accumulator_rowcol(acc_s.layout()));
+    static_assert(decltype(size<0>(s))::value == kRows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float m = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
+      m = quad_allreduce(m, [](float a, float b) { return fmaxf(a, b); });
+      // A row with every score masked so far keeps m = -inf; subtract 0 then,
+      // so exp2 sees -inf (giving 0) and never inf - inf.
+      float const m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
+      o_scale[r] = exp2f(row_max[r] * scale_log2 - m_scaled);
+      row_max[r] = m;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        s(r, c) = exp2f(fmaf(s(r, c), scale_log2, -m_scaled));
+        sum += s(r, c);
+      }
+      row_sum[r] = row_sum[r] * o_scale[r] + sum;
+    }
+  }
+
+  // Line 24: the final 1/l_i for O, and L_i = m_i * scale + log(l_i) (natural
+  // log). A row that saw no key gets O = 0 and L = +inf, as FlashAttention.
+  CUTE_DEVICE void finalize(float (&o_scale)[kRows], float (&lse)[kRows], float softmax_scale) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float const sum = quad_allreduce(row_sum[r], [](float a, float b) { return a + b; });
+      bool const empty = sum == 0.f || sum != sum;
+      o_scale[r] = empty ? 0.f : 1.f / sum;
+      lse[r] = empty ? INFINITY : row_max[r] * softmax_scale + logf(sum);
+    }
+  }
+};
+
+// O *= per-row factor.
+template <int kRows, class TensorO>
+CUTE_DEVICE void rescale_rows(TensorO& acc_o, float const (&scale)[kRows]) {
+  Tensor o = make_tensor(acc_o.data(), accumulator_rowcol(acc_o.layout()));
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(o); ++c) o(r, c) *= scale[r];
+  }
+}
+
+}  // namespace flash3::fwd

@@ -1,0 +1,372 @@
+// The float64 CPU reference and the host 16-bit conversions, checked on the CPU
+// against independent formulations and hand-computed values.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reference.h"
+
+namespace {
+
+using flash3::reference::AttentionShape;
+using flash3::reference::attention_cpu;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Problem {
+  std::vector<double> q, k, v;
+};
+
+Problem random_problem(const AttentionShape& s, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  Problem p;
+  p.q.resize(s.batch * s.seqlen_q * s.heads_q * s.head_dim);
+  p.k.resize(s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
+  p.v.resize(p.k.size());
+  for (auto* t : {&p.q, &p.k, &p.v})
+    for (double& x : *t) x = dist(rng);
+  return p;
+}
+
+struct Result {
+  std::vector<double> o, lse;
+};
+
+Result run_reference(const AttentionShape& s, const Problem& p) {
+  Result r;
+  r.o.assign(p.q.size(), std::nan(""));
+  r.lse.assign(s.batch * s.heads_q * s.seqlen_q, std::nan(""));
+  attention_cpu(s, p.q.data(), p.k.data(), p.v.data(), r.o.data(), r.lse.data());
+  return r;
+}
+
+// The textbook formulation, written independently of the reference: per (b, h)
+// an explicit seqlen_q x seqlen_k score matrix with masked entries excluded,
+// P = exp(S) / sum exp(S) with no max subtraction (fine for the small scores
+// used here), O = P V. GQA and the mask are spelled differently too: the KV
+// head is found by scanning groups, the causal offset from the bottom-right
+// corner is computed as a diagonal index.
+Result naive_attention(const AttentionShape& s, const Problem& p) {
+  const int64_t d = s.head_dim, sq = s.seqlen_q, sk = s.seqlen_k;
+  const double scale = s.softmax_scale != 0.0f ? s.softmax_scale : 1.0 / std::sqrt(double(d));
+  auto at = [&](const std::vector<double>& t, int64_t seqlen, int64_t heads, int64_t b, int64_t i, int64_t h,
+                int64_t c) { return t[((b * seqlen + i) * heads + h) * d + c]; };
+  Result r;
+  r.o.assign(p.q.size(), 0.0);
+  r.lse.assign(s.batch * s.heads_q * sq, 0.0);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads_q; ++h) {
+      int64_t hk = 0;
+      while ((hk + 1) * (s.heads_q / s.heads_kv) <= h) ++hk;
+      std::vector<std::vector<double>> S(sq, std::vector<double>(sk));
+      std::vector<std::vector<bool>> allowed(sq, std::vector<bool>(sk, true));
+      for (int64_t i = 0; i < sq; ++i) {
+        for (int64_t j = 0; j < sk; ++j) {
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c)
+            dot += at(p.q, sq, s.heads_q, b, i, h, c) * at(p.k, sk, s.heads_kv, b, j, hk, c);
+          S[i][j] = scale * dot;
+          // Row i's diagonal is at column i + (sk - sq); keys right of it are masked.
+          if (s.causal && j - i > sk - sq) allowed[i][j] = false;
+        }
+      }
+      for (int64_t i = 0; i < sq; ++i) {
+        double denom = 0;
+        for (int64_t j = 0; j < sk; ++j)
+          if (allowed[i][j]) denom += std::exp(S[i][j]);
+        double& lse = r.lse[(b * s.heads_q + h) * sq + i];
+        lse = denom > 0 ? std::log(denom) : kInf;
+        if (denom == 0) continue;
+        for (int64_t j = 0; j < sk; ++j) {
+          if (!allowed[i][j]) continue;
+          const double pij = std::exp(S[i][j]) / denom;
+          for (int64_t c = 0; c < d; ++c)
+            r.o[((b * sq + i) * s.heads_q + h) * d + c] += pij * at(p.v, sk, s.heads_kv, b, j, hk, c);
+        }
+      }
+    }
+  }
+  return r;
+}
+
+std::string describe(const AttentionShape& s) {
+  return "b" + std::to_string(s.batch) + " sq" + std::to_string(s.seqlen_q) + " sk" + std::to_string(s.seqlen_k) +
+         " hq" + std::to_string(s.heads_q) + " hkv" + std::to_string(s.heads_kv) + " d" +
+         std::to_string(s.head_dim) + (s.causal ? " causal" : "");
+}
+
+TEST(ReferenceCpu, MatchesNaiveFormulation) {
+  const AttentionShape shapes[] = {
+      {2, 5, 5, 2, 2, 8, 0.0f, false},   // MHA
+      {2, 5, 5, 2, 2, 8, 0.0f, true},    // causal, square
+      {1, 3, 9, 4, 2, 6, 0.0f, true},    // causal, seqlen_q < seqlen_k, GQA
+      {1, 9, 4, 2, 1, 5, 0.7f, true},    // causal, seqlen_q > seqlen_k: 5 rows see nothing; MQA
+      {1, 1, 1, 1, 1, 4, 0.0f, false},   // a single key
+      {1, 1, 6, 3, 1, 3, 0.0f, true},    // seqlen_q 1 with causal sees every key
+      {2, 6, 1, 2, 2, 4, 0.0f, true},    // seqlen_k 1: only the last row sees it
+      {1, 4, 0, 2, 2, 4, 0.0f, false},   // no keys at all
+      {3, 7, 11, 6, 3, 16, 0.25f, false},
+  };
+  unsigned seed = 1;
+  for (const AttentionShape& s : shapes) {
+    SCOPED_TRACE(describe(s));
+    const Problem p = random_problem(s, seed++);
+    const Result got = run_reference(s, p);
+    const Result want = naive_attention(s, p);
+    for (size_t i = 0; i < got.o.size(); ++i) ASSERT_NEAR(got.o[i], want.o[i], 1e-12) << "o[" << i << "]";
+    for (size_t i = 0; i < got.lse.size(); ++i) {
+      if (std::isinf(want.lse[i])) {
+        ASSERT_EQ(got.lse[i], kInf) << "lse[" << i << "]";
+      } else {
+        ASSERT_NEAR(got.lse[i], want.lse[i], 1e-12) << "lse[" << i << "]";
+      }
+    }
+  }
+}
+
+// One query, two keys with scores 0 and ln 3: weights 1/4 and 3/4.
+TEST(ReferenceCpu, HandComputedExample) {
+  const AttentionShape s{1, 1, 2, 1, 1, 1, 1.0f, false};
+  const double q[] = {1.0}, k[] = {0.0, std::log(3.0)}, v[] = {4.0, 8.0};
+  double o = 0, lse = 0;
+  attention_cpu(s, q, k, v, &o, &lse);
+  EXPECT_NEAR(o, 0.25 * 4.0 + 0.75 * 8.0, 1e-14);
+  EXPECT_NEAR(lse, std::log(4.0), 1e-14);
+}
+
+// With Q = 0 every visible key gets the same weight, so the output is the mean
+// of the visible values and the LSE is log(count): this pins down which keys
+// the bottom-right aligned causal mask lets each row see.
+TEST(ReferenceCpu, CausalMaskIsBottomRightAligned) {
+  auto run = [](int64_t sq, int64_t sk) {
+    const AttentionShape s{1, sq, sk, 1, 1, 1, 0.0f, true};
+    std::vector<double> q(sq, 0.0), k(sk, 0.0), v(sk), o(sq), lse(sq);
+    for (int64_t j = 0; j < sk; ++j) v[j] = double(j);  // mean of keys 0..n-1 is (n-1)/2
+    attention_cpu(s, q.data(), k.data(), v.data(), o.data(), lse.data());
+    return std::make_pair(o, lse);
+  };
+  {
+    const auto [o, lse] = run(2, 4);  // row 0 sees keys 0..2, row 1 sees 0..3
+    EXPECT_DOUBLE_EQ(o[0], 1.0);
+    EXPECT_DOUBLE_EQ(o[1], 1.5);
+    EXPECT_DOUBLE_EQ(lse[0], std::log(3.0));
+    EXPECT_DOUBLE_EQ(lse[1], std::log(4.0));
+  }
+  {
+    const auto [o, lse] = run(4, 2);  // rows 0, 1 see nothing; row 2 sees key 0; row 3 keys 0..1
+    EXPECT_EQ(o[0], 0.0);
+    EXPECT_EQ(o[1], 0.0);
+    EXPECT_EQ(lse[0], kInf);
+    EXPECT_EQ(lse[1], kInf);
+    EXPECT_DOUBLE_EQ(o[2], 0.0);
+    EXPECT_DOUBLE_EQ(lse[2], 0.0);
+    EXPECT_DOUBLE_EQ(o[3], 0.5);
+    EXPECT_DOUBLE_EQ(lse[3], std::log(2.0));
+  }
+}
+
+// KV head g holds the constant value g + 1, so each query head's output names
+// the KV head it used: h / (heads_q / heads_kv), i.e. 1 1 2 2 3 3 for 6 / 3.
+TEST(ReferenceCpu, GqaMapsQueryHeadsToContiguousGroups) {
+  const AttentionShape s{1, 2, 3, 6, 3, 2, 0.0f, false};
+  std::vector<double> q(2 * 6 * 2, 0.5), k(3 * 3 * 2, 0.25), v(3 * 3 * 2), o(q.size());
+  for (int64_t j = 0; j < 3; ++j)
+    for (int64_t g = 0; g < 3; ++g)
+      for (int64_t c = 0; c < 2; ++c) v[(j * 3 + g) * 2 + c] = double(g + 1);
+  attention_cpu(s, q.data(), k.data(), v.data(), o.data(), nullptr);
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t h = 0; h < 6; ++h)
+      for (int64_t c = 0; c < 2; ++c) EXPECT_DOUBLE_EQ(o[(i * 6 + h) * 2 + c], double(h / 2 + 1)) << "head " << h;
+}
+
+// Every output is a convex combination of the visible V rows: within their
+// per-column range. The LSE lies between the max score and max + log(count).
+// Scores up to ~200 also check that the max subtraction keeps exp() finite.
+TEST(ReferenceCpu, OutputsAreConvexCombinationsOfVisibleValues) {
+  for (float scale : {0.0f, 50.0f}) {
+    const AttentionShape s{2, 13, 17, 4, 2, 16, scale, true};
+    SCOPED_TRACE("scale " + std::to_string(scale));
+    const Problem p = random_problem(s, 42);
+    const Result r = run_reference(s, p);
+    const int64_t d = s.head_dim, group = s.heads_q / s.heads_kv;
+    const double sc = flash3::reference::effective_scale(s);
+    for (int64_t b = 0; b < s.batch; ++b) {
+      for (int64_t h = 0; h < s.heads_q; ++h) {
+        for (int64_t i = 0; i < s.seqlen_q; ++i) {
+          const int64_t visible = i + s.seqlen_k - s.seqlen_q + 1;
+          double max_score = -kInf;
+          for (int64_t j = 0; j < visible; ++j) {
+            double dot = 0;
+            for (int64_t c = 0; c < d; ++c)
+              dot += p.q[((b * s.seqlen_q + i) * s.heads_q + h) * d + c] *
+                     p.k[((b * s.seqlen_k + j) * s.heads_kv + h / group) * d + c];
+            max_score = std::max(max_score, sc * dot);
+          }
+          const double lse = r.lse[(b * s.heads_q + h) * s.seqlen_q + i];
+          ASSERT_GE(lse, max_score - 1e-12);
+          ASSERT_LE(lse, max_score + std::log(double(visible)) + 1e-12);
+          for (int64_t c = 0; c < d; ++c) {
+            double lo = kInf, hi = -kInf;
+            for (int64_t j = 0; j < visible; ++j) {
+              const double x = p.v[((b * s.seqlen_k + j) * s.heads_kv + h / group) * d + c];
+              lo = std::min(lo, x);
+              hi = std::max(hi, x);
+            }
+            const double x = r.o[((b * s.seqlen_q + i) * s.heads_q + h) * d + c];
+            ASSERT_TRUE(std::isfinite(x));
+            ASSERT_GE(x, lo - 1e-12);
+            ASSERT_LE(x, hi + 1e-12);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Adding u to every key adds scale * q.u to every score of a row: softmax is
+// shift-invariant, so O is unchanged and the LSE moves by exactly that amount.
+TEST(ReferenceCpu, ShiftingAllKeysOnlyShiftsLse) {
+  const AttentionShape s{1, 6, 9, 2, 2, 8, 0.0f, true};
+  const Problem p = random_problem(s, 7);
+  Problem shifted = p;
+  const double u[8] = {0.5, -1.0, 2.0, 0.0, 0.25, -0.75, 1.5, 3.0};
+  for (size_t i = 0; i < shifted.k.size(); ++i) shifted.k[i] += u[i % 8];
+  const Result a = run_reference(s, p), b = run_reference(s, shifted);
+  for (size_t i = 0; i < a.o.size(); ++i) ASSERT_NEAR(a.o[i], b.o[i], 1e-12);
+  const double scale = 1.0 / std::sqrt(8.0);
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t i = 0; i < 6; ++i) {
+      double qu = 0;
+      for (int c = 0; c < 8; ++c) qu += p.q[(i * 2 + h) * 8 + c] * u[c];
+      ASSERT_NEAR(b.lse[h * 6 + i] - a.lse[h * 6 + i], scale * qu, 1e-12);
+    }
+  }
+}
+
+TEST(ReferenceCpu, RejectsInvalidShapes) {
+  double x = 0;
+  const AttentionShape bad_group{1, 1, 1, 3, 2, 1, 0.0f, false};
+  const AttentionShape no_heads{1, 1, 1, 0, 1, 1, 0.0f, false};
+  EXPECT_THROW(attention_cpu(bad_group, &x, &x, &x, &x, nullptr), std::invalid_argument);
+  EXPECT_THROW(attention_cpu(no_heads, &x, &x, &x, &x, nullptr), std::invalid_argument);
+}
+
+// ---------------------------------------------------------------------------
+// 16-bit conversions.
+
+using flash3::reference::bf16_to_float;
+using flash3::reference::float_to_bf16;
+using flash3::reference::float_to_half;
+using flash3::reference::half_to_float;
+
+uint32_t bits_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+TEST(Conversions, KnownValues) {
+  EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
+  EXPECT_EQ(bf16_to_float(0xc040), -3.0f);
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(-0.0f), 0x8000);
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7f80);  // above the largest bf16 + half an ulp
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(-std::nanf("")))));
+
+  EXPECT_EQ(half_to_float(0x3c00), 1.0f);
+  EXPECT_EQ(half_to_float(0xc200), -3.0f);
+  EXPECT_EQ(half_to_float(0x7bff), 65504.0f);
+  EXPECT_EQ(half_to_float(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(half_to_float(0x7c00), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(float_to_half(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_half(-0.0f), 0x8000);
+  EXPECT_EQ(float_to_half(65519.0f), 0x7bff);
+  EXPECT_EQ(float_to_half(65520.0f), 0x7c00);  // the tie goes to the even neighbour, infinity
+  EXPECT_EQ(float_to_half(70000.0f), 0x7c00);
+  EXPECT_EQ(float_to_half(-1e10f), 0xfc00);
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -25)), 0x0000);         // half the smallest subnormal: tie to 0
+  EXPECT_EQ(float_to_half(std::ldexp(1.1f, -25)), 0x0001);
+  EXPECT_EQ(float_to_half(std::ldexp(3.0f, -25)), 0x0002);         // tie between 1 and 2 ulps: to even
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -14) * 0.99999f), 0x0400);  // rounds up into the normals
+  EXPECT_TRUE(std::isnan(half_to_float(float_to_half(std::nanf("")))));
+}
+
+// half_to_float against the format's definition, evaluated in double.
+TEST(Conversions, HalfToFloatMatchesDefinition) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const int exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ff;
+    const double sign = (bits & 0x8000) ? -1.0 : 1.0;
+    const float got = half_to_float(uint16_t(bits));
+    if (exponent == 0x1f) {
+      ASSERT_EQ(std::isnan(got), mantissa != 0) << std::hex << bits;
+      if (mantissa == 0) {
+        ASSERT_EQ(got, float(sign * kInf)) << std::hex << bits;
+      }
+      continue;
+    }
+    const double want = exponent == 0 ? sign * std::ldexp(double(mantissa), -24)
+                                      : sign * std::ldexp(double(1024 + mantissa), exponent - 25);
+    ASSERT_EQ(double(got), want) << std::hex << bits;
+    ASSERT_EQ(std::signbit(got), (bits & 0x8000) != 0) << std::hex << bits;
+  }
+}
+
+// Every non-NaN 16-bit value survives a round trip, signed zeros and infinities
+// included.
+TEST(Conversions, RoundTripIsExact) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    if (!std::isnan(bf16_to_float(uint16_t(bits)))) {
+      ASSERT_EQ(float_to_bf16(bf16_to_float(uint16_t(bits))), bits) << std::hex << bits;
+    }
+    if (!std::isnan(half_to_float(uint16_t(bits)))) {
+      ASSERT_EQ(float_to_half(half_to_float(uint16_t(bits))), bits) << std::hex << bits;
+    }
+  }
+}
+
+// For every pair of adjacent finite values a < b of the format (subnormals
+// included), of either sign: their midpoint (exact in float) goes to whichever
+// has an even mantissa, and the floats just either side of it go to the nearer.
+void check_rounding(float (*to_float)(uint16_t), uint16_t (*from_float)(float), uint32_t largest_finite) {
+  for (uint32_t lo = 0; lo < largest_finite; ++lo) {
+    const uint32_t hi = lo + 1;
+    const float a = to_float(uint16_t(lo)), b = to_float(uint16_t(hi));
+    const float mid = float((double(a) + double(b)) / 2);
+    ASSERT_EQ(double(mid), (double(a) + double(b)) / 2);
+    const uint32_t even = (lo & 1) ? hi : lo;
+    for (uint32_t sign : {0x0000u, 0x8000u}) {
+      const float m = sign ? -mid : mid;
+      const float away = sign ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
+      ASSERT_EQ(from_float(m), even | sign) << std::hex << lo;
+      ASSERT_EQ(from_float(std::nextafter(m, 0.0f)), lo | sign) << std::hex << lo;
+      ASSERT_EQ(from_float(std::nextafter(m, away)), hi | sign) << std::hex << lo;
+    }
+  }
+}
+
+TEST(Conversions, Bf16RoundsToNearestEven) { check_rounding(bf16_to_float, float_to_bf16, 0x7f7f); }
+
+TEST(Conversions, HalfRoundsToNearestEven) { check_rounding(half_to_float, float_to_half, 0x7bff); }
+
+// Values between the largest finite value and the next power of two: below the
+// midpoint they round down to the largest finite, from it on to infinity.
+TEST(Conversions, OverflowBoundary) {
+  EXPECT_EQ(float_to_half(std::nextafter(65520.0f, 0.0f)), 0x7bff);
+  EXPECT_EQ(float_to_half(65520.0f), 0x7c00);
+  const float bf16_max = bf16_to_float(0x7f7f);
+  const float bf16_mid = bf16_max + std::ldexp(1.0f, 127 - 8);  // half an ulp above
+  EXPECT_EQ(bits_of(bf16_mid), 0x7f7f8000u);
+  EXPECT_EQ(float_to_bf16(std::nextafter(bf16_mid, 0.0f)), 0x7f7f);
+  EXPECT_EQ(float_to_bf16(bf16_mid), 0x7f80);
+}
+
+}  // namespace

@@ -1,0 +1,397 @@
+// The GPU reference against the float64 CPU reference, on the same (rounded)
+// inputs. Tests that need a device skip, with the reason, when there is none.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "reference.h"
+
+namespace {
+
+using flash3::DType;
+using flash3::reference::AttentionShape;
+using flash3::reference::attention_cpu;
+using flash3::reference::attention_gpu;
+
+#define SKIP_WITHOUT_CUDA_DEVICE()                                                                      \
+  do {                                                                                                  \
+    int device_count = 0;                                                                               \
+    const cudaError_t count_err = cudaGetDeviceCount(&device_count);                                    \
+    if (count_err != cudaSuccess) {                                                                     \
+      cudaGetLastError();                                                                               \
+      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount failed: " << cudaGetErrorString(count_err);   \
+    }                                                                                                   \
+    if (device_count == 0) GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount returned 0";             \
+  } while (0)
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  explicit DeviceBuffer(size_t n) {
+    if (n > 0 && cudaMalloc(&ptr, n * sizeof(T)) != cudaSuccess) ptr = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+uint16_t to_bits(float x, DType dt) {
+  return dt == DType::kBF16 ? flash3::reference::float_to_bf16(x) : flash3::reference::float_to_half(x);
+}
+float from_bits(uint16_t b, DType dt) {
+  return dt == DType::kBF16 ? flash3::reference::bf16_to_float(b) : flash3::reference::half_to_float(b);
+}
+// The spacing of the format at 1.0.
+double ulp_at_one(DType dt) { return dt == DType::kBF16 ? 0x1p-7 : 0x1p-10; }
+
+enum class Layout {
+  kDense,   // each tensor contiguous
+  kPadded,  // gaps between heads, rows and batches (filled with NaN)
+  kPacked,  // Q, K, V heads interleaved in one [b, s, hq + 2 hkv, d] buffer
+};
+
+struct Case {
+  const char* name;
+  DType dtype;
+  AttentionShape shape;
+  Layout layout;
+};
+
+struct Strides {
+  int64_t batch, seq, head;
+};
+
+// Writes a dense [batch, seqlen, heads, d] tensor into buf at offset with the
+// given strides.
+void scatter(std::vector<uint16_t>& buf, int64_t offset, Strides st, const std::vector<uint16_t>& dense,
+             int64_t batch, int64_t seqlen, int64_t heads, int64_t d) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < seqlen; ++i)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t c = 0; c < d; ++c)
+          buf[offset + b * st.batch + i * st.seq + h * st.head + c] = dense[((b * seqlen + i) * heads + h) * d + c];
+}
+
+class ReferenceGpuVsCpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ReferenceGpuVsCpu, Matches) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const Case& c = GetParam();
+  const AttentionShape& s = c.shape;
+  const int64_t d = s.head_dim;
+  const int64_t nq = s.batch * s.seqlen_q * s.heads_q * d, nk = s.batch * s.seqlen_k * s.heads_kv * d;
+  const int64_t n_lse = s.batch * s.heads_q * s.seqlen_q;
+
+  // Random inputs in [-1, 1], rounded to the dtype; the CPU sees the rounded values.
+  std::mt19937 rng(1234);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<uint16_t> q_bits(nq), k_bits(nk), v_bits(nk);
+  std::vector<double> q(nq), k(nk), v(nk);
+  for (auto [bits, vals] : {std::make_pair(&q_bits, &q), std::make_pair(&k_bits, &k), std::make_pair(&v_bits, &v)}) {
+    for (size_t i = 0; i < bits->size(); ++i) {
+      (*bits)[i] = to_bits(dist(rng), c.dtype);
+      (*vals)[i] = from_bits((*bits)[i], c.dtype);
+    }
+  }
+
+  Strides q_strides, kv_strides;
+  int64_t q_off = 0, k_off, v_off, total;
+  if (c.layout == Layout::kPacked) {
+    ASSERT_EQ(s.seqlen_q, s.seqlen_k);
+    const int64_t heads = s.heads_q + 2 * s.heads_kv;
+    q_strides = kv_strides = {s.seqlen_q * heads * d, heads * d, d};
+    k_off = s.heads_q * d;
+    v_off = (s.heads_q + s.heads_kv) * d;
+    total = s.batch * s.seqlen_q * heads * d;
+  } else if (c.layout == Layout::kPadded) {
+    // Odd paddings, so no stride is a multiple of another by accident.
+    auto padded = [&](int64_t seqlen, int64_t heads) {
+      const int64_t head = d + 3, seq = heads * head + 5;
+      return Strides{seqlen * seq + 7, seq, head};
+    };
+    q_strides = padded(s.seqlen_q, s.heads_q);
+    kv_strides = padded(s.seqlen_k, s.heads_kv);
+    k_off = s.batch * q_strides.batch;
+    v_off = k_off + s.batch * kv_strides.batch;
+    total = v_off + s.batch * kv_strides.batch;
+  } else {
+    q_strides = {s.seqlen_q * s.heads_q * d, s.heads_q * d, d};
+    kv_strides = {s.seqlen_k * s.heads_kv * d, s.heads_kv * d, d};
+    k_off = nq;
+    v_off = nq + nk;
+    total = nq + 2 * nk;
+  }
+  // Any element the kernel reads that is not part of a tensor is a NaN.
+  std::vector<uint16_t> host(total, c.dtype == DType::kBF16 ? 0x7fc0 : 0x7e00);
+  scatter(host, q_off, q_strides, q_bits, s.batch, s.seqlen_q, s.heads_q, d);
+  scatter(host, k_off, kv_strides, k_bits, s.batch, s.seqlen_k, s.heads_kv, d);
+  scatter(host, v_off, kv_strides, v_bits, s.batch, s.seqlen_k, s.heads_kv, d);
+
+  DeviceBuffer<uint16_t> storage(total);
+  DeviceBuffer<float> o32(nq), o_low(nq), lse32(n_lse), lse_low(n_lse);
+  CUDA_OK(cudaMemcpy(storage.ptr, host.data(), total * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  auto tensor = [&](int64_t offset, Strides st) {
+    return flash3::ConstTensor{storage.ptr + offset, st.batch, st.seq, st.head, 1};
+  };
+  const flash3::ConstTensor tq = tensor(q_off, q_strides);
+  const flash3::ConstTensor tk = tensor(k_off, kv_strides), tv = tensor(v_off, kv_strides);
+  // Poison the outputs: an element the kernel does not write reads back as NaN.
+  for (float* p : {o32.ptr, o_low.ptr}) CUDA_OK(cudaMemset(p, 0xff, nq * sizeof(float)));
+  for (float* p : {lse32.ptr, lse_low.ptr}) CUDA_OK(cudaMemset(p, 0xff, n_lse * sizeof(float)));
+
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  const cudaError_t err32 = attention_gpu(s, c.dtype, tq, tk, tv, o32.ptr, lse32.ptr, false, stream);
+  const cudaError_t err_low = attention_gpu(s, c.dtype, tq, tk, tv, o_low.ptr, lse_low.ptr, true, stream);
+  const cudaError_t err_sync = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  CUDA_OK(err32);
+  CUDA_OK(err_low);
+  CUDA_OK(err_sync);
+
+  std::vector<float> h_o32(nq), h_o_low(nq), h_lse32(n_lse), h_lse_low(n_lse);
+  CUDA_OK(cudaMemcpy(h_o32.data(), o32.ptr, nq * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_o_low.data(), o_low.ptr, nq * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_lse32.data(), lse32.ptr, n_lse * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_lse_low.data(), lse_low.ptr, n_lse * sizeof(float), cudaMemcpyDeviceToHost));
+
+  std::vector<double> ref_o(nq), ref_lse(n_lse);
+  attention_cpu(s, q.data(), k.data(), v.data(), ref_o.data(), ref_lse.data());
+
+  // Float32 mode: float32 rounding only. Emulated mode: a few ulps of the
+  // dtype (inputs and outputs are within [-1, 1]), and every output exactly
+  // representable in the dtype.
+  const double low_tol = 2 * ulp_at_one(c.dtype);
+  double err_o32 = 0, err_o_low = 0, err_lse32 = 0, err_lse_low = 0;
+  for (int64_t i = 0; i < nq; ++i) {
+    ASSERT_TRUE(std::isfinite(h_o32[i]) && std::isfinite(h_o_low[i])) << "O[" << i << "] not written";
+    ASSERT_EQ(h_o_low[i], from_bits(to_bits(h_o_low[i], c.dtype), c.dtype)) << "emulated O[" << i << "] not rounded";
+    err_o32 = std::max(err_o32, std::fabs(h_o32[i] - ref_o[i]));
+    err_o_low = std::max(err_o_low, std::fabs(h_o_low[i] - ref_o[i]));
+  }
+  for (int64_t i = 0; i < n_lse; ++i) {
+    if (std::isinf(ref_lse[i])) {
+      ASSERT_EQ(h_lse32[i], INFINITY) << "LSE[" << i << "] of a row that sees no key";
+      ASSERT_EQ(h_lse_low[i], INFINITY) << "LSE[" << i << "] of a row that sees no key";
+      continue;
+    }
+    ASSERT_TRUE(std::isfinite(h_lse32[i]) && std::isfinite(h_lse_low[i])) << "LSE[" << i << "]";
+    err_lse32 = std::max(err_lse32, std::fabs(h_lse32[i] - ref_lse[i]));
+    err_lse_low = std::max(err_lse_low, std::fabs(h_lse_low[i] - ref_lse[i]) / std::max(1.0, std::fabs(ref_lse[i])));
+  }
+  // The measured errors, for the XML report (--gtest_output=xml).
+  auto record = [](const char* key, double x) {
+    std::ostringstream text;
+    text << std::scientific << std::setprecision(3) << x;
+    RecordProperty(key, text.str());
+  };
+  record("max_err_o_fp32", err_o32);
+  record("max_err_o_emulated", err_o_low);
+  record("max_err_lse_fp32", err_lse32);
+  record("max_rel_err_lse_emulated", err_lse_low);
+  EXPECT_LT(err_o32, 1e-4);
+  EXPECT_LT(err_lse32, 1e-4);
+  EXPECT_LE(err_o_low, low_tol);
+  EXPECT_LE(err_lse_low, low_tol);
+}
+
+constexpr DType kBF16 = DType::kBF16;
+constexpr DType kFP16 = DType::kFP16;
+
+// AttentionShape: batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, scale, causal.
+const Case kCases[] = {
+    {"bf16_mha_7x7_d64", kBF16, {2, 7, 7, 2, 2, 64, 0.0f, false}, Layout::kDense},
+    {"bf16_mqa_causal_113_d128_padded", kBF16, {1, 113, 113, 4, 1, 128, 0.0f, true}, Layout::kPadded},
+    {"fp16_causal_q1_k113_d64", kFP16, {2, 1, 113, 3, 3, 64, 0.0f, true}, Layout::kDense},
+    {"fp16_gqa_causal_q113_k7_d96_padded", kFP16, {1, 113, 7, 4, 2, 96, 0.0f, true}, Layout::kPadded},
+    {"bf16_causal_33_d128_packed", kBF16, {2, 33, 33, 2, 2, 128, 0.0f, true}, Layout::kPacked},
+    {"fp16_gqa_causal_64_d192_packed", kFP16, {2, 64, 64, 8, 2, 192, 0.0f, true}, Layout::kPacked},
+    {"fp16_q7_k1_d256_padded", kFP16, {1, 7, 1, 2, 1, 256, 0.0f, false}, Layout::kPadded},
+    {"bf16_1x1_d40", kBF16, {1, 1, 1, 1, 1, 40, 0.0f, false}, Layout::kDense},
+    {"fp16_causal_q17_k65_d3_padded", kFP16, {1, 17, 65, 2, 2, 3, 0.0f, true}, Layout::kPadded},
+    {"bf16_no_keys", kBF16, {2, 5, 0, 2, 2, 64, 0.0f, false}, Layout::kDense},
+    {"bf16_causal_q300_k500_scale03", kBF16, {1, 300, 500, 2, 2, 64, 0.3f, true}, Layout::kDense},
+    {"fp16_q113_k300_d128", kFP16, {1, 113, 300, 2, 1, 128, 0.0f, false}, Layout::kPadded},
+};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ReferenceGpuVsCpu, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// One row whose rounding is worked out by hand in bf16, with each rounding
+// step visible in the result. S = q.k = (0, 0, 1 + 101/1024) rounds to
+// (0, 0, 1 + 13/128); P = softmax(S) rounds to bf16; with V = (3, 0, -1)
+// O = 3 P0 - P2 nearly cancels, so P's rounding shows up in O.
+TEST(ReferenceGpu, EmulationRoundsScoresAndProbabilities) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const float q[2] = {1.0f, 1.0f};
+  const float k[3][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {1.0f, 101.0f / 1024}};
+  const float v[3][2] = {{3.0f, 3.0f}, {0.0f, 0.0f}, {-1.0f, -1.0f}};
+
+  auto round_bf16 = [](float x) { return flash3::reference::bf16_to_float(flash3::reference::float_to_bf16(x)); };
+  // The emulated pipeline for this row, on the host.
+  auto model = [&](bool round_scores, bool round_probs) {
+    float scores[3], m = -INFINITY;
+    for (int j = 0; j < 3; ++j) {
+      scores[j] = q[0] * k[j][0] + q[1] * k[j][1];
+      if (round_scores) scores[j] = round_bf16(scores[j]);
+      m = std::max(m, scores[j]);
+    }
+    float l = 0;
+    for (float x : scores) l += std::exp(x - m);
+    float o = 0;
+    for (int j = 0; j < 3; ++j) {
+      float p = std::exp(scores[j] - m) / l;
+      if (round_probs) p = round_bf16(p);
+      o += p * v[j][0];
+    }
+    return round_bf16(o);
+  };
+  const float want = model(true, true);
+  ASSERT_GT(std::fabs(want - model(false, true)), 1e-4f) << "the case no longer shows S's rounding";
+  ASSERT_GT(std::fabs(want - model(true, false)), 1e-4f) << "the case no longer shows P's rounding";
+
+  // Q, K, V back to back, each exact in bf16.
+  std::vector<uint16_t> host;
+  std::vector<float> values(q, q + 2);
+  for (auto& row : k) values.insert(values.end(), row, row + 2);
+  for (auto& row : v) values.insert(values.end(), row, row + 2);
+  for (float x : values) {
+    host.push_back(flash3::reference::float_to_bf16(x));
+    ASSERT_EQ(flash3::reference::bf16_to_float(host.back()), x) << "input not exact in bf16";
+  }
+
+  DeviceBuffer<uint16_t> in(host.size());
+  DeviceBuffer<float> o(2);
+  CUDA_OK(cudaMemcpy(in.ptr, host.data(), host.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  const AttentionShape s{1, 1, 3, 1, 1, 2, 1.0f, false};
+  CUDA_OK(attention_gpu(s, DType::kBF16, flash3::contiguous<const void*>(in.ptr, 1, 1, 2),
+                        flash3::contiguous<const void*>(in.ptr + 2, 3, 1, 2),
+                        flash3::contiguous<const void*>(in.ptr + 8, 3, 1, 2), o.ptr, nullptr, true, nullptr));
+  float got[2];
+  CUDA_OK(cudaMemcpy(got, o.ptr, sizeof got, cudaMemcpyDeviceToHost));
+  EXPECT_NEAR(got[0], want, 1e-6f);
+  EXPECT_NEAR(got[1], want, 1e-6f);
+}
+
+__global__ void fill_random_bf16(__nv_bfloat16* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t h = uint64_t(i) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    x[i] = __float2bfloat16_rn(float(h >> 40) * 0x1p-23f - 1.0f);  // uniform in [-1, 1)
+  }
+}
+
+// Q and O with more than 2^31 elements: rows past that point must read and
+// write the right addresses (32-bit index arithmetic would wrap).
+TEST(ReferenceGpu, TensorsOverTwoPow31Elements) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const int64_t d = 64, seqlen_q = (int64_t(1) << 25) + 40, seqlen_k = 3;
+  const int64_t nq = seqlen_q * d;
+  static_assert(sizeof(uint16_t) == sizeof(__nv_bfloat16), "bf16 is 16 bits");
+  const size_t needed = nq * (sizeof(uint16_t) + sizeof(float)) + seqlen_q * sizeof(float);
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_OK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes < needed + (size_t(1) << 30))
+    GTEST_SKIP() << "needs " << (needed >> 20) << " MiB of device memory, " << (free_bytes >> 20) << " MiB free";
+  ASSERT_GT(nq, int64_t(1) << 31);
+
+  DeviceBuffer<__nv_bfloat16> q(nq);
+  DeviceBuffer<float> o(nq), lse(seqlen_q);
+  DeviceBuffer<uint16_t> kv(2 * seqlen_k * d);
+  ASSERT_TRUE(q.ptr && o.ptr && lse.ptr && kv.ptr);
+  fill_random_bf16<<<4096, 256>>>(q.ptr, nq);
+  CUDA_OK(cudaGetLastError());
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<uint16_t> kv_bits(2 * seqlen_k * d);
+  for (uint16_t& b : kv_bits) b = flash3::reference::float_to_bf16(dist(rng));
+  CUDA_OK(cudaMemcpy(kv.ptr, kv_bits.data(), kv_bits.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+
+  const AttentionShape s{1, seqlen_q, seqlen_k, 1, 1, d, 0.0f, false};
+  CUDA_OK(attention_gpu(s, DType::kBF16, flash3::contiguous<const void*>(q.ptr, seqlen_q, 1, d),
+                        flash3::contiguous<const void*>(kv.ptr, seqlen_k, 1, d),
+                        flash3::contiguous<const void*>(kv.ptr + seqlen_k * d, seqlen_k, 1, d), o.ptr, lse.ptr,
+                        false, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+
+  // Without a causal mask each row is its own problem against the same keys.
+  std::vector<double> k(seqlen_k * d), v(seqlen_k * d);
+  for (int64_t i = 0; i < seqlen_k * d; ++i) {
+    k[i] = flash3::reference::bf16_to_float(kv_bits[i]);
+    v[i] = flash3::reference::bf16_to_float(kv_bits[seqlen_k * d + i]);
+  }
+  std::vector<int64_t> rows = {0, 1, seqlen_q / 2};
+  for (int64_t i = (int64_t(1) << 31) / d - 2; i < seqlen_q; ++i) rows.push_back(i);
+  const AttentionShape row_shape{1, 1, seqlen_k, 1, 1, d, 0.0f, false};
+  for (int64_t row : rows) {
+    std::vector<uint16_t> q_bits(d);
+    std::vector<float> got(d);
+    float got_lse;
+    CUDA_OK(cudaMemcpy(q_bits.data(), q.ptr + row * d, d * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(got.data(), o.ptr + row * d, d * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(&got_lse, lse.ptr + row, sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<double> qd(d), want(d);
+    for (int64_t c = 0; c < d; ++c) qd[c] = flash3::reference::bf16_to_float(q_bits[c]);
+    double want_lse;
+    attention_cpu(row_shape, qd.data(), k.data(), v.data(), want.data(), &want_lse);
+    for (int64_t c = 0; c < d; ++c) ASSERT_NEAR(got[c], want[c], 1e-4) << "row " << row << " column " << c;
+    ASSERT_NEAR(got_lse, want_lse, 1e-4) << "row " << row;
+  }
+}
+
+// These are rejected before any CUDA call, so they run without a device too.
+TEST(ReferenceGpu, RejectsInvalidArguments) {
+  uint16_t dummy[8] = {};
+  float out[8];
+  const flash3::ConstTensor t = flash3::contiguous<const void*>(dummy, 1, 1, 8);
+  flash3::ConstTensor strided = t;
+  strided.dim_stride = 2;
+  const AttentionShape ok{1, 1, 1, 1, 1, 8, 0.0f, false};
+  const AttentionShape bad_group{1, 1, 1, 3, 2, 8, 0.0f, false};
+  const AttentionShape negative{1, -1, 1, 1, 1, 8, 0.0f, false};
+  EXPECT_EQ(attention_gpu(bad_group, DType::kBF16, t, t, t, out, nullptr, false, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(attention_gpu(negative, DType::kBF16, t, t, t, out, nullptr, false, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(attention_gpu(ok, DType::kBF16, strided, t, t, out, nullptr, false, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(attention_gpu(ok, DType::kBF16, t, t, t, nullptr, nullptr, false, nullptr), cudaErrorInvalidValue);
+  flash3::ConstTensor no_data = t;
+  no_data.data = nullptr;
+  EXPECT_EQ(attention_gpu(ok, DType::kFP16, t, no_data, t, out, nullptr, false, nullptr), cudaErrorInvalidValue);
+  // An empty problem is valid and launches nothing.
+  const AttentionShape empty{0, 1, 1, 1, 1, 8, 0.0f, false};
+  EXPECT_EQ(attention_gpu(empty, DType::kBF16, no_data, no_data, no_data, nullptr, nullptr, false, nullptr),
+            cudaSuccess);
+}
+
+// The host conversions agree with CUDA's own (host-callable) round-to-nearest
+// conversions on random bit patterns; needs no device.
+TEST(ReferenceGpu, HostConversionsMatchCuda) {
+  std::mt19937 rng(99);
+  for (int n = 0; n < 1000000; ++n) {
+    const uint32_t u = rng();
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    if (std::isnan(x)) continue;
+    ASSERT_EQ(flash3::reference::float_to_bf16(x), __bfloat16_as_ushort(__float2bfloat16_rn(x))) << x;
+    ASSERT_EQ(flash3::reference::float_to_half(x), __half_as_ushort(__float2half_rn(x))) << x;
+    // Magnitudes below 2^-14 exercise fp16's subnormals, which raw bit patterns rarely hit.
+    const float tiny = std::ldexp(float(u >> 8), -38 - int(u % 16));
+    const float y = (u & 16) ? -tiny : tiny;
+    ASSERT_EQ(flash3::reference::float_to_half(y), __half_as_ushort(__float2half_rn(y))) << y;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,103 @@
+// The tile scheduler and the key-block ranges, checked on the CPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "common/tile_scheduler.h"
+#include "fwd/block_range.h"
+
+namespace {
+
+using flash3::BlockRange;
+using flash3::TileCoord;
+using flash3::TileScheduler;
+
+TEST(TileScheduler, EveryTileExactlyOnce) {
+  for (int m : {1, 3, 17}) {
+    for (int h : {1, 5, 16}) {
+      for (int b : {1, 2, 7}) {
+        for (int64_t kv_bytes : {int64_t(1), int64_t(1) << 20, int64_t(1) << 40}) {
+          auto s = TileScheduler::make(m, h, b, kv_bytes, 50 << 20);
+          ASSERT_EQ(s.num_tiles(), m * h * b);
+          std::set<std::tuple<int, int, int>> seen;
+          for (int t = 0; t < s.num_tiles(); ++t) {
+            TileCoord c = s.tile(t);
+            ASSERT_GE(c.m_block, 0);
+            ASSERT_LT(c.m_block, m);
+            ASSERT_GE(c.head, 0);
+            ASSERT_LT(c.head, h);
+            ASSERT_GE(c.batch, 0);
+            ASSERT_LT(c.batch, b);
+            ASSERT_TRUE(seen.insert({c.m_block, c.head, c.batch}).second) << "tile handed out twice";
+          }
+          EXPECT_EQ(int(seen.size()), m * h * b);
+        }
+      }
+    }
+  }
+}
+
+TEST(TileScheduler, LongestFirstWithinEachSection) {
+  // 4 heads of K/V fit the L2 budget: sections of 4 (batch, head) pairs.
+  int64_t const l2 = 8 << 20;
+  auto s = TileScheduler::make(8, 6, 2, (l2 / 2) / 4, l2);
+  ASSERT_EQ(s.heads_per_section, 4);
+  int const pairs_in_first = 4;
+  for (int t = 1; t < 8 * pairs_in_first; ++t) {
+    // Within a section m_block never increases: the causal tiles seeing the
+    // most keys (largest m_block) come first.
+    EXPECT_LE(s.tile(t).m_block, s.tile(t - 1).m_block);
+  }
+  EXPECT_EQ(s.tile(0).m_block, 7);
+  // Side by side tiles share an m_block and walk the section's heads.
+  EXPECT_EQ(s.tile(1).m_block, 7);
+  EXPECT_NE(s.tile(1).head, s.tile(0).head);
+}
+
+// Brute force: which key blocks hold a visible column, which a masked one.
+BlockRange brute_force(int m_block, int bm, int bn, int sq, int sk, bool causal) {
+  int n_blocks = (sk + bn - 1) / bn;
+  int n_max = 0, n_mask = n_blocks;
+  for (int n = 0; n < n_blocks; ++n) {
+    bool any_visible = false, any_masked = false;
+    for (int r = m_block * bm; r < (m_block + 1) * bm; ++r) {
+      if (r >= sq) continue;  // rows past seqlen_q are not stored
+      for (int c = n * bn; c < (n + 1) * bn; ++c) {
+        bool visible = c < sk && (!causal || c <= r + sk - sq);
+        any_visible |= visible;
+        any_masked |= !visible;
+      }
+    }
+    if (any_visible) n_max = n + 1;
+    if (any_masked) n_mask = std::min(n_mask, n);
+  }
+  return {0, n_max, n_mask};
+}
+
+TEST(BlockRange, MatchesBruteForce) {
+  for (bool causal : {false, true}) {
+    for (int bn : {80, 128}) {
+      for (int sq : {1, 7, 128, 200, 513}) {
+        for (int sk : {1, 7, 128, 200, 513, 1000}) {
+          for (int m = 0; m * 128 < sq; ++m) {
+            BlockRange got = flash3::block_range(m, 128, bn, sq, sk, causal);
+            BlockRange want = brute_force(m, 128, bn, sq, sk, causal);
+            ASSERT_EQ(got.n_block_max, want.n_block_max) << causal << " " << bn << " " << sq << " " << sk << " " << m;
+            if (want.n_block_max > 0) {
+              // Every block that holds a masked column must be masked; masking
+              // a few more (clamped below by n_block_max) costs time, not correctness.
+              ASSERT_LE(std::min(got.n_block_mask, got.n_block_max), std::min(want.n_block_mask, want.n_block_max))
+                  << causal << " " << bn << " " << sq << " " << sk << " " << m;
+              ASSERT_GE(got.n_block_mask, want.n_block_mask - 1);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
