@@ -13,6 +13,7 @@ torch and triton are imported lazily so that --self-test runs anywhere.
 import argparse
 import datetime
 import json
+import re
 import statistics
 import sys
 import warnings
@@ -20,6 +21,8 @@ import warnings
 SHAPE_KEYS = ("pass", "dtype", "hdim", "causal", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv")
 PEERS = ("fa2", "cudnn")
 LONG_SEQLEN = 1024  # the summary counts only shapes at least this long
+# SDPA warnings that carry no reason: headers, and the backends sdpa_kernel turned off.
+WARNING_NOISE = ("not used because:", "has been runtime disabled.")
 
 
 # ---- pure parts: no torch ---------------------------------------------------
@@ -73,6 +76,13 @@ def peer_skip_reason(shape):
     if shape["heads_q"] % shape["heads_kv"]:
         return "heads_q is not a multiple of heads_kv"
     return None
+
+
+def failure_reason(warning_messages, error):
+    """Why a backend refused: SDPA's "No available kernel" explains itself only in warnings."""
+    parts = [re.sub(r"\s*\(Triggered internally at [^)]*\)", "", m).strip() for m in warning_messages]
+    parts = [p for p in parts if p and not p.endswith(WARNING_NOISE)] + [str(error)]
+    return " ".join(" ".join(parts).split())[:300]
 
 
 def usable(result):
@@ -192,9 +202,7 @@ def time_peer(torch, timer, shape, backend):
             with sdpa_kernel([backend]):
                 return measured(shape, timer(sdpa_workload(torch, shape)))
         except Exception as e:  # unsupported shape/dtype, OOM, missing enable_gqa: all n/a
-            # SDPA explains "No available kernel" only through warnings.
-            reasons = [str(w.message) for w in caught] + [str(e)]
-            return {"na": " ".join(" ".join(reasons).split())[:300]}
+            return {"na": failure_reason([str(w.message) for w in caught], e)}
         finally:
             torch.cuda.empty_cache()
 

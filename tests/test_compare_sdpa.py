@@ -140,3 +140,17 @@ def test_self_test_needs_no_torch(tmp_path):
 def test_main_requires_input():
     done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True)
     assert done.returncode == 2 and "--flash3-json" in done.stderr
+
+
+def test_failure_reason_keeps_only_informative_warnings():
+    caught = [
+        "Memory efficient kernel not used because: (Triggered internally at /x/sdp_utils.cpp:986.)",
+        "Memory Efficient attention has been runtime disabled. (Triggered internally at /x/sdp_utils_cpp.h:552.)",
+        "Flash attention requires q,k,v to have the same last dimension and to be less than or equal to 256. "
+        "Got Query.size(-1): 512 instead. (Triggered internally at /x/sdp_utils.cpp:180.)",
+    ]
+    reason = cs.failure_reason(caught, RuntimeError("No available kernel. Aborting execution."))
+    assert reason == ("Flash attention requires q,k,v to have the same last dimension and to be less than or "
+                      "equal to 256. Got Query.size(-1): 512 instead. No available kernel. Aborting execution.")
+    assert cs.failure_reason([], TypeError("unexpected keyword argument 'enable_gqa'")) == \
+        "unexpected keyword argument 'enable_gqa'"
