@@ -32,8 +32,23 @@ struct Kernel {
     typename MainloopT::Params mainloop;
     typename EpilogueT::Params epilogue;
     TileScheduler scheduler;
+    // Zeroed before the launch: tiles are then claimed with atomicAdd, each CTA
+    // taking the next when it finishes one (greedy LPT, for the causal mask's
+    // unequal tiles). nullptr: CTA c takes tiles c, c + grid, ... (equal tiles).
+    int* tile_counter;
     float softmax_scale;
   };
+
+  static constexpr int kTileSyncThreads = Traits::kNumConsumerThreads + cutlass::NumThreadsPerWarp;
+
+  // The producer warp picks each next tile and hands it to the consumers
+  // through shared memory, so a dynamic order reaches every warpgroup.
+  CUTE_DEVICE static int next_tile(Params const& params, int tile) {
+    if (params.tile_counter == nullptr) return tile + gridDim.x;
+    int next = 0;
+    if (threadIdx.x % cutlass::NumThreadsPerWarp == 0) next = atomicAdd(params.tile_counter, 1) + gridDim.x;
+    return __shfl_sync(0xffffffff, next, 0);
+  }
 
   static constexpr int kNumThreads = Traits::kNumThreads;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
@@ -73,7 +88,11 @@ struct Kernel {
       PipelineState write_k = cutlass::make_producer_start_state<PipelineK>();
       PipelineState write_v = cutlass::make_producer_start_state<PipelineV>();
       int iteration = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x, ++iteration) {
+      for (int t = blockIdx.x;; t = next_tile(params, t), ++iteration) {
+        if (iteration > 0) cutlass::arch::NamedBarrier::sync(kTileSyncThreads, uint32_t(Barrier::kTileRead));
+        if (lane_leader) smem.tile_index = t;
+        cutlass::arch::NamedBarrier::arrive(kTileSyncThreads, uint32_t(Barrier::kTileReady));
+        if (t >= num_tiles) break;
         TileCoord const tile = scheduler.tile(t);
         MainloopT::load(params.mainloop, smem, pipeline_k, pipeline_v, write_k, write_v, tile, range_of(tile),
                         iteration, lane_leader);
@@ -87,8 +106,11 @@ struct Kernel {
       Tensor tOrO = partition_fragment_C(tiled_mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
       OnlineSoftmax<2> softmax(params.mainloop.scale_log2);
       MainloopT::pingpong_start(warp_group - 1);
-      int iteration = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x, ++iteration) {
+      for (int iteration = 0;; ++iteration) {
+        cutlass::arch::NamedBarrier::sync(kTileSyncThreads, uint32_t(Barrier::kTileReady));
+        int const t = smem.tile_index;
+        cutlass::arch::NamedBarrier::arrive(kTileSyncThreads, uint32_t(Barrier::kTileRead));
+        if (t >= num_tiles) break;
         TileCoord const tile = scheduler.tile(t);
         clear(tOrO);
         softmax.reset();

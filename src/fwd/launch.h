@@ -56,9 +56,20 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   int const grid = a.options.persistent ? std::min(num_tiles, device.num_sms) : num_tiles;
   auto kernel = forward_kernel<Traits>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelT::kSmemBytes);
+  // Causal tiles differ in cost: a persistent grid claims them dynamically
+  // from a counter allocated in stream order, so concurrent calls on other
+  // streams (and graph capture) each get their own.
+  bool const dynamic = Traits::kCausal && a.options.persistent && grid < num_tiles;
+  params.tile_counter = nullptr;
+  if (dynamic && err == cudaSuccess) err = cudaMallocAsync(reinterpret_cast<void**>(&params.tile_counter), sizeof(int), stream);
+  if (dynamic && err == cudaSuccess) err = cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream);
   if (err == cudaSuccess) {
     kernel<<<grid, KernelT::kNumThreads, KernelT::kSmemBytes, stream>>>(params);
     err = cudaGetLastError();
+  }
+  if (dynamic && params.tile_counter != nullptr) {
+    cudaError_t const free_err = cudaFreeAsync(params.tile_counter, stream);
+    if (err == cudaSuccess) err = free_err;
   }
   if (err != cudaSuccess) {
     return Status(Status::Code::kCudaError, std::string("forward kernel launch: ") + cudaGetErrorString(err));

@@ -114,6 +114,7 @@ struct FwdTraits {
     typename PipelineK::SharedStorage pipeline_k;
     typename PipelineV::SharedStorage pipeline_v;
     cutlass::arch::ClusterTransactionBarrier barrier_q;
+    int tile_index;  // producer -> consumers: the next tile (see Kernel::run)
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit, "tile sizes overflow shared memory");
 };
@@ -123,6 +124,8 @@ enum class Barrier : uint32_t {
   kQueryEmpty = 0,   // consumers -> producer: Q's buffer may be overwritten
   kEpilogue = 1,     // consumers: O is in shared memory / its buffer is free
   kPingpongWG0 = 2,  // consumer warpgroup w waits on kPingpongWG0 + w for its turn to issue GEMMs
+  kTileReady = 4,    // producer -> consumers: SharedStorage::tile_index holds the next tile
+  kTileRead = 5,     // consumers -> producer: tile_index may be overwritten
 };
 
 }  // namespace flash3::fwd
