@@ -299,17 +299,20 @@ int main(int argc, char** argv) {
 
   std::vector<Config> configs;
   if (opt.ablation) {
+    // Three interleaved rounds: the card's clock drifts over a run, and a
+    // variant timed only after the others would carry that drift.
     char const* names[] = {"default", "no-pingpong", "no-intra-wg-overlap", "no-persistent"};
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 12; ++i) {
+      int const v = i % 4;
       Config c;
-      c.variant = names[i];
+      c.variant = names[v];
       c.batch = 4;
       c.seqlen = 8448;
       c.heads_q = c.heads_kv = 16;
       c.head_dim = 128;
-      c.options.pingpong = i != 1;
-      c.options.intra_warpgroup_overlap = i != 2;
-      c.options.persistent = i != 3;
+      c.options.pingpong = v != 1;
+      c.options.intra_warpgroup_overlap = v != 2;
+      c.options.persistent = v != 3;
       configs.push_back(c);
     }
   } else {
@@ -349,6 +352,22 @@ int main(int argc, char** argv) {
                 c.variant.c_str(), c.dtype == DType::kBF16 ? "bf16" : "fp16", c.head_dim, c.causal ? "yes" : "no",
                 (long long)c.batch, (long long)c.seqlen, (long long)c.heads_q, (long long)c.heads_kv, r.ms, r.tflops,
                 r.max_err, r.ref_err, r.ok ? (opt.check ? "ok" : "unchecked") : ("FAIL: " + r.error).c_str());
+  }
+  if (opt.ablation) {
+    std::printf("\n| variant (median of 3 rounds) | TFLOP/s | vs default |\n|---|---|---|\n");
+    auto median_of = [&](std::string const& variant) {
+      std::vector<double> v;
+      for (Result const& r : results) {
+        if (r.config.variant == variant) v.push_back(r.tflops);
+      }
+      std::sort(v.begin(), v.end());
+      return v.empty() ? 0.0 : v[v.size() / 2];
+    };
+    double const base = median_of("default");
+    for (char const* name : {"default", "no-pingpong", "no-intra-wg-overlap", "no-persistent"}) {
+      double const t = median_of(name);
+      std::printf("| %s | %.1f | %.3f |\n", name, t, base > 0 ? t / base : 0.0);
+    }
   }
   if (!opt.json.empty()) write_json(opt.json, results);
   if (!opt.csv.empty()) write_csv(opt.csv, results);

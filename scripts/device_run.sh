@@ -25,10 +25,15 @@ if has test; then
 fi
 
 if has sanitize; then
+  # Small shapes of every head dim and mask, and a causal one with more tiles
+  # than SMs, which claims tiles dynamically.
   small="--seqlen 200 --tokens 400 --hidden 256 --hdim 64,128,256 --reps 1"
+  dynamic="--seqlen 2048 --tokens 8192 --hidden 512 --hdim 128 --causal 1 --reps 1 --no-check"
   for tool in memcheck racecheck synccheck; do
-    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $B/flash3-bench $small >"$OUT/sanitize_$tool.log" 2>&1
-    summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)")
+    for args in "$small" "$dynamic"; do
+      timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/flash3-bench $args >>"$OUT/sanitize.log" 2>&1
+      summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
+    done
   done
 fi
 

@@ -27,6 +27,7 @@ struct Kernel {
   using PipelineK = typename Traits::PipelineK;
   using PipelineV = typename Traits::PipelineV;
   using PipelineState = typename PipelineK::PipelineState;
+  using PipelineTile = typename Traits::PipelineTile;
 
   struct Params {
     typename MainloopT::Params mainloop;
@@ -39,10 +40,8 @@ struct Kernel {
     float softmax_scale;
   };
 
-  static constexpr int kTileSyncThreads = Traits::kNumConsumerThreads + cutlass::NumThreadsPerWarp;
-
   // The producer warp picks each next tile and hands it to the consumers
-  // through shared memory, so a dynamic order reaches every warpgroup.
+  // through pipeline_tile, so a dynamic order reaches every warpgroup.
   CUTE_DEVICE static int next_tile(Params const& params, int tile) {
     if (params.tile_counter == nullptr) return tile + gridDim.x;
     int next = 0;
@@ -72,6 +71,11 @@ struct Kernel {
     pipeline_params.num_consumers = Traits::kNumConsumerThreads;
     PipelineK pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
     PipelineV pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    typename PipelineTile::Params tile_params;
+    tile_params.role = warp_group == 0 ? PipelineTile::ThreadCategory::Producer : PipelineTile::ThreadCategory::Consumer;
+    tile_params.producer_arv_count = cutlass::NumThreadsPerWarp;
+    tile_params.consumer_arv_count = Traits::kNumConsumerThreads;
+    PipelineTile pipeline_tile(smem.pipeline_tile, tile_params);
     __syncthreads();  // barriers initialised before anyone waits on them
 
     TileScheduler const& scheduler = params.scheduler;
@@ -87,11 +91,13 @@ struct Kernel {
       if (warp_in_group != 0) return;
       PipelineState write_k = cutlass::make_producer_start_state<PipelineK>();
       PipelineState write_v = cutlass::make_producer_start_state<PipelineV>();
+      auto write_tile = cutlass::make_producer_start_state<PipelineTile>();
       int iteration = 0;
       for (int t = blockIdx.x;; t = next_tile(params, t), ++iteration) {
-        if (iteration > 0) cutlass::arch::NamedBarrier::sync(kTileSyncThreads, uint32_t(Barrier::kTileRead));
-        if (lane_leader) smem.tile_index = t;
-        cutlass::arch::NamedBarrier::arrive(kTileSyncThreads, uint32_t(Barrier::kTileReady));
+        pipeline_tile.producer_acquire(write_tile);
+        if (lane_leader) smem.tile_index[write_tile.index()] = t;
+        pipeline_tile.producer_commit(write_tile);
+        ++write_tile;
         if (t >= num_tiles) break;
         TileCoord const tile = scheduler.tile(t);
         MainloopT::load(params.mainloop, smem, pipeline_k, pipeline_v, write_k, write_v, tile, range_of(tile),
@@ -106,10 +112,12 @@ struct Kernel {
       Tensor tOrO = partition_fragment_C(tiled_mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
       OnlineSoftmax<2> softmax(params.mainloop.scale_log2);
       MainloopT::pingpong_start(warp_group - 1);
+      typename PipelineTile::PipelineState read_tile;
       for (int iteration = 0;; ++iteration) {
-        cutlass::arch::NamedBarrier::sync(kTileSyncThreads, uint32_t(Barrier::kTileReady));
-        int const t = smem.tile_index;
-        cutlass::arch::NamedBarrier::arrive(kTileSyncThreads, uint32_t(Barrier::kTileRead));
+        pipeline_tile.consumer_wait(read_tile);
+        int const t = smem.tile_index[read_tile.index()];
+        pipeline_tile.consumer_release(read_tile);
+        ++read_tile;
         if (t >= num_tiles) break;
         TileCoord const tile = scheduler.tile(t);
         clear(tOrO);

@@ -88,6 +88,7 @@ struct FwdTraits {
 
   using PipelineK = cutlass::PipelineTmaAsync<kStages>;
   using PipelineV = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineTile = cutlass::PipelineAsync<2>;  // producer -> consumers: which tile next
 
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr int kKVBytes = kStages * kBlockN * kHeadDim * sizeof(Element);
@@ -113,8 +114,9 @@ struct FwdTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     typename PipelineK::SharedStorage pipeline_k;
     typename PipelineV::SharedStorage pipeline_v;
+    typename PipelineTile::SharedStorage pipeline_tile;
     cutlass::arch::ClusterTransactionBarrier barrier_q;
-    int tile_index;  // producer -> consumers: the next tile (see Kernel::run)
+    int tile_index[2];  // the slots of pipeline_tile
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit, "tile sizes overflow shared memory");
 };
@@ -124,8 +126,6 @@ enum class Barrier : uint32_t {
   kQueryEmpty = 0,   // consumers -> producer: Q's buffer may be overwritten
   kEpilogue = 1,     // consumers: O is in shared memory / its buffer is free
   kPingpongWG0 = 2,  // consumer warpgroup w waits on kPingpongWG0 + w for its turn to issue GEMMs
-  kTileReady = 4,    // producer -> consumers: SharedStorage::tile_index holds the next tile
-  kTileRead = 5,     // consumers -> producer: tile_index may be overwritten
 };
 
 }  // namespace flash3::fwd
