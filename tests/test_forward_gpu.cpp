@@ -13,50 +13,16 @@
 #include <vector>
 
 #include "flash3/flash3.h"
+#include "gpu_test_util.h"
 #include "reference.h"
 
 namespace {
 
 using flash3::DType;
 using flash3::reference::AttentionShape;
-
-bool has_gpu(std::string& why) {
-  int n = 0;
-  cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    why = std::string("no CUDA device: ") + (err != cudaSuccess ? cudaGetErrorString(err) : "none found");
-    return false;
-  }
-  return true;
-}
-
-#define SKIP_WITHOUT_GPU()                      \
-  do {                                          \
-    std::string why;                            \
-    if (!has_gpu(why)) GTEST_SKIP() << why;     \
-  } while (0)
-
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-template <class T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  explicit DeviceBuffer(size_t n) : count(n) {
-    if (cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(DeviceBuffer const&) = delete;
-  DeviceBuffer& operator=(DeviceBuffer const&) = delete;
-};
-
-uint16_t to_bits(float x, DType dt) {
-  return dt == DType::kBF16 ? flash3::reference::float_to_bf16(x) : flash3::reference::float_to_half(x);
-}
-float from_bits(uint16_t b, DType dt) {
-  return dt == DType::kBF16 ? flash3::reference::bf16_to_float(b) : flash3::reference::half_to_float(b);
-}
+using flash3::testing::DeviceBuffer;
+using flash3::testing::from_bits;
+using flash3::testing::to_bits;
 
 struct Case {
   DType dtype;
@@ -162,7 +128,7 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
 class Forward : public ::testing::TestWithParam<std::tuple<DType, int, bool>> {};
 
 TEST_P(Forward, ShapeSweep) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA_DEVICE();
   auto [dtype, d, causal] = GetParam();
   std::vector<Case> cases = {
       {dtype, d, causal, 2, 1, 1, 4, 4, false},          {dtype, d, causal, 2, 7, 7, 4, 4, false},
@@ -186,7 +152,7 @@ INSTANTIATE_TEST_SUITE_P(All, Forward,
                          });
 
 TEST(ForwardAblation, SameResultWithEachTechniqueOff) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA_DEVICE();
   // Each switch selects a different kernel (or grid); each must compute the
   // same function. Built for bf16, head dim 128.
   for (int bits = 0; bits < 8; ++bits) {
@@ -203,7 +169,7 @@ TEST(ForwardAblation, SameResultWithEachTechniqueOff) {
 }
 
 TEST(Forward, NoKeysGivesZerosAndInfiniteLse) {
-  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUDA_DEVICE();
   flash3::ForwardArgs a;
   a.batch = 1;
   a.seqlen_q = 5;

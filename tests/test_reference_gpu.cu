@@ -14,45 +14,20 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "reference.h"
 
 namespace {
+
+using flash3::testing::DeviceBuffer;
+using flash3::testing::from_bits;
+using flash3::testing::to_bits;
 
 using flash3::DType;
 using flash3::reference::AttentionShape;
 using flash3::reference::attention_cpu;
 using flash3::reference::attention_gpu;
 
-#define SKIP_WITHOUT_CUDA_DEVICE()                                                                      \
-  do {                                                                                                  \
-    int device_count = 0;                                                                               \
-    const cudaError_t count_err = cudaGetDeviceCount(&device_count);                                    \
-    if (count_err != cudaSuccess) {                                                                     \
-      cudaGetLastError();                                                                               \
-      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount failed: " << cudaGetErrorString(count_err);   \
-    }                                                                                                   \
-    if (device_count == 0) GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount returned 0";             \
-  } while (0)
-
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-template <class T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  explicit DeviceBuffer(size_t n) {
-    if (n > 0 && cudaMalloc(&ptr, n * sizeof(T)) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
-uint16_t to_bits(float x, DType dt) {
-  return dt == DType::kBF16 ? flash3::reference::float_to_bf16(x) : flash3::reference::float_to_half(x);
-}
-float from_bits(uint16_t b, DType dt) {
-  return dt == DType::kBF16 ? flash3::reference::bf16_to_float(b) : flash3::reference::half_to_float(b);
-}
 // The spacing of the format at 1.0.
 double ulp_at_one(DType dt) { return dt == DType::kBF16 ? 0x1p-7 : 0x1p-10; }
 

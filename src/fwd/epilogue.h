@@ -22,9 +22,8 @@ struct Epilogue {
   using SmemLayoutO = typename Traits::SmemLayoutO;
   using SharedStorage = typename Traits::SharedStorage;
 
-  using GmemShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;
-  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
-  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{}, GmemStride{}));
+  using GmemShape = typename Traits::GmemShape;
+  using GmemTensor = typename Traits::template GmemTensor<Element>;
   using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutO{}, select<0, 1>(TileShapePV{}), _1{}));
 
   struct Params {

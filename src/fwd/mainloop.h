@@ -33,11 +33,8 @@ struct Mainloop {
   using PipelineState = typename PipelineK::PipelineState;
   using SharedStorage = typename Traits::SharedStorage;
 
-  // Global tensors as (seqlen, head_dim, heads, batch); 64-bit strides.
-  using GmemShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;
-  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
-  using GmemTensor =
-      decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{}, GmemStride{}));
+  using GmemShape = typename Traits::GmemShape;
+  using GmemTensor = typename Traits::template GmemTensor<Element const>;
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{}, select<0, 2>(TileShapeQK{}), _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
                                       select<1, 2>(TileShapeQK{}), _1{}));

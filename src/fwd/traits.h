@@ -32,7 +32,7 @@ constexpr TileSize tile_size(int head_dim, bool causal) {
     case 96: return {128, 128, 2};
     case 128: return {128, 128, 2};
     case 192: return {128, 96, 2};
-    default: return {128, 64, 2};  // 256
+    default: return {128, causal ? 48 : 64, 2};  // 256; causal's mask needs the registers of 16 columns
   }
 }
 
@@ -56,6 +56,12 @@ struct FwdTraits {
   // setmaxnreg: the producer only issues TMA; the consumers hold S, P and O.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
+
+  // Global Q, K, V, O as (seqlen, head_dim, heads, batch), 64-bit strides.
+  using GmemShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  template <class T>
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<T*>(nullptr)), GmemShape{}, GmemStride{}));
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // S = Q K^T: (M, N, d)
   using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // O = P V:   (M, d, N)
