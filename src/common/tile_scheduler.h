@@ -35,6 +35,7 @@ struct TileScheduler {
   int num_heads = 0;
   int num_batch = 0;
   int heads_per_section = 1;  // (batch, head) pairs per L2 section
+  int total_tiles = 0;        // kept, not recomputed: the kernel compares against it every tile
 
   // kv_bytes_per_head: bytes of K plus V one head reads. l2_bytes: the cache
   // to share; half of it is budgeted so Q and O traffic do not evict K/V.
@@ -48,10 +49,11 @@ struct TileScheduler {
     int64_t fit = kv_bytes_per_head > 0 ? (l2_bytes / 2) / kv_bytes_per_head : pairs;
     if (fit < 1) fit = 1;
     s.heads_per_section = int(fit < pairs ? fit : (pairs > 0 ? pairs : 1));
+    s.total_tiles = num_m_blocks * num_heads * num_batch;
     return s;
   }
 
-  FLASH3_HOST_DEVICE int num_tiles() const { return num_m_blocks * num_heads * num_batch; }
+  FLASH3_HOST_DEVICE int num_tiles() const { return total_tiles; }
 
   FLASH3_HOST_DEVICE TileCoord tile(int index) const {
     int const tiles_per_section = num_m_blocks * heads_per_section;

@@ -44,9 +44,19 @@ struct Epilogue {
   }
 
   // tOrO: the normalised fp32 O of this thread; lse: its rows' LSE.
+  // The consumer thread index, read afresh: values derived from it are then
+  // computed here, once a tile, instead of being hoisted out of the tile loop
+  // and held (or spilled) through the mainloop.
+  CUTE_DEVICE static int consumer_thread_idx() {
+    uint32_t tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    return int(tid) - cutlass::NumThreadsPerWarpGroup;
+  }
+
   template <class FragO, int kRows>
   CUTE_DEVICE static void store(Params const& p, SharedStorage& smem, FragO const& tOrO, float const (&lse)[kRows],
-                                TileCoord tile, int thread_idx) {
+                                TileCoord tile) {
+    int const thread_idx = consumer_thread_idx();
     // With Traits::kSeparateSmemO false, qo.o shares Q's bytes.
     Tensor sO = make_tensor(make_smem_ptr(smem.qo.o.data()), SmemLayoutO{});
     Tensor rO = convert_fragment<Element>(tOrO);

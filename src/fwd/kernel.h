@@ -95,7 +95,7 @@ struct Kernel {
       int iteration = 0;
       for (int t = blockIdx.x;; t = next_tile(params, t), ++iteration) {
         pipeline_tile.producer_acquire(write_tile);
-        if (lane_leader) smem.tile_index[write_tile.index()] = t;
+        if (lane_leader) smem.tile_index = t;
         pipeline_tile.producer_commit(write_tile);
         ++write_tile;
         if (t >= num_tiles) break;
@@ -110,25 +110,27 @@ struct Kernel {
       PipelineState read_k, read_v;
       typename Traits::TiledMmaPV tiled_mma_pv;
       Tensor tOrO = partition_fragment_C(tiled_mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
-      OnlineSoftmax<2> softmax(params.mainloop.scale_log2);
+      OnlineSoftmax<2> softmax;
       MainloopT::pingpong_start(warp_group - 1);
       typename PipelineTile::PipelineState read_tile;
-      for (int iteration = 0;; ++iteration) {
+      for (;;) {
         pipeline_tile.consumer_wait(read_tile);
-        int const t = smem.tile_index[read_tile.index()];
+        int const t = smem.tile_index;
         pipeline_tile.consumer_release(read_tile);
+        // One slot: its phase flips every tile, as Q's barrier's does.
+        int const q_phase = read_tile.phase();
         ++read_tile;
         if (t >= num_tiles) break;
         TileCoord const tile = scheduler.tile(t);
         clear(tOrO);
         softmax.reset();
         MainloopT::mma(params.mainloop, smem, pipeline_k, pipeline_v, read_k, read_v, tOrO, softmax, tile,
-                       range_of(tile), iteration, thread_idx);
+                       range_of(tile), q_phase, thread_idx);
         // Line 24: O / l and the LSE.
         float o_scale[2], lse[2];
         softmax.finalize(o_scale, lse, params.softmax_scale);
         rescale_rows(tOrO, o_scale);
-        EpilogueT::store(params.epilogue, smem, tOrO, lse, tile, thread_idx);
+        EpilogueT::store(params.epilogue, smem, tOrO, lse, tile);
       }
     }
   }

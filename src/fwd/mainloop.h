@@ -171,7 +171,7 @@ struct Mainloop {
   CUTE_DEVICE static void mma(Params const& p, SharedStorage& smem, PipelineK& pipeline_k,
                               PipelineV& pipeline_v, PipelineState& read_k, PipelineState& read_v,
                               FragO& tOrO, Softmax& softmax, TileCoord tile, BlockRange range,
-                              int tile_iteration, int thread_idx) {
+                              int q_phase, int thread_idx) {
     int const warp_group = thread_idx / cutlass::NumThreadsPerWarpGroup;
     typename Traits::TiledMmaQK tiled_mma_qk;
     typename Traits::TiledMmaPV tiled_mma_pv;
@@ -192,7 +192,7 @@ struct Mainloop {
 
     Mask<Traits::kCausal, kBlockM, kBlockN, typename Traits::TiledMmaQK> const mask{p.seqlen_q, p.seqlen_k};
 
-    smem.barrier_q.wait(tile_iteration % 2);
+    smem.barrier_q.wait(q_phase);
     if (range.empty()) {
       query_done();
       return;
@@ -210,7 +210,7 @@ struct Mainloop {
     auto release_v = [&]() { pipeline_v.consumer_release(read_v); ++read_v; };
     auto softmax_step = [&](auto& acc_s, int n_block, auto needs_mask) {
       if constexpr (decltype(needs_mask)::value) mask.apply(acc_s, tile.m_block, n_block, thread_idx);
-      softmax.step(acc_s, o_scale);
+      softmax.step(acc_s, o_scale, p.scale_log2);
     };
     auto to_operand = [&](auto const& acc_s) { rP = convert_fragment<Element>(acc_s); };
 

@@ -21,9 +21,8 @@ struct OnlineSoftmax {
   static constexpr int kRowsPerThread = kRows;
   float row_max[kRows];  // m_i, in unscaled score units
   float row_sum[kRows];  // l_i, this thread's share until finalize()
-  float scale_log2;      // softmax_scale * log2(e)
 
-  CUTE_DEVICE explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) { reset(); }
+  CUTE_DEVICE OnlineSoftmax() { reset(); }
 
   CUTE_DEVICE void reset() {
     CUTE_UNROLL
@@ -35,9 +34,11 @@ struct OnlineSoftmax {
 
   // S -> P~ = exp(scale * (S - m_new)) in place; m and l updated. Returns in
   // o_scale the factor exp(scale * (m_old - m_new)) by which O must be
-  // rescaled (0 while a row has seen only masked scores).
+  // rescaled (0 while a row has seen only masked scores). scale_log2 is
+  // softmax_scale * log2(e), read from the kernel parameters each time rather
+  // than held in a register.
   template <class TensorS>
-  CUTE_DEVICE void step(TensorS& acc_s, float (&o_scale)[kRows]) {
+  CUTE_DEVICE void step(TensorS& acc_s, float (&o_scale)[kRows], float scale_log2) {
     Tensor s = make_tensor(acc_s.data(), accumulator_rowcol(acc_s.layout()));
     static_assert(decltype(size<0>(s))::value == kRows);
     CUTE_UNROLL

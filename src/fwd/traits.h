@@ -32,7 +32,7 @@ constexpr TileSize tile_size(int head_dim, bool causal) {
     case 96: return {128, 128, 2};
     case 128: return {128, 128, 2};
     case 192: return {128, 96, 2};
-    default: return {128, causal ? 48 : 64, 2};  // 256; causal's mask needs the registers of 16 columns
+    default: return {128, 64, 2};  // 256
   }
 }
 
@@ -94,7 +94,7 @@ struct FwdTraits {
 
   using PipelineK = cutlass::PipelineTmaAsync<kStages>;
   using PipelineV = cutlass::PipelineTmaAsync<kStages>;
-  using PipelineTile = cutlass::PipelineAsync<2>;  // producer -> consumers: which tile next
+  using PipelineTile = cutlass::PipelineAsync<1>;  // producer -> consumers: which tile next
 
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr int kKVBytes = kStages * kBlockN * kHeadDim * sizeof(Element);
@@ -122,7 +122,7 @@ struct FwdTraits {
     typename PipelineV::SharedStorage pipeline_v;
     typename PipelineTile::SharedStorage pipeline_tile;
     cutlass::arch::ClusterTransactionBarrier barrier_q;
-    int tile_index[2];  // the slots of pipeline_tile
+    int tile_index;  // the one slot of pipeline_tile
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit, "tile sizes overflow shared memory");
 };

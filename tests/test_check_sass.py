@@ -1,0 +1,37 @@
+"""The SASS checker's loop analysis, on hand-written SASS (no GPU, no toolkit)."""
+import importlib.util
+import pathlib
+
+spec = importlib.util.spec_from_file_location("check_sass", pathlib.Path(__file__).with_name("check_sass.py"))
+check_sass = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(check_sass)
+
+
+def sass(*lines):
+    return "\n".join(f"        /*{addr:04x}*/                   {text} ;" for addr, text in lines)
+
+
+def local_in_mainloops(body):
+    code, loops = check_sass.mainloops(body)
+    return [a for a, t in code if check_sass.LOCAL.search(t) and any(lo <= a <= hi for lo, hi in loops)]
+
+
+def test_spill_inside_the_hgmma_loop_is_found():
+    body = sass((0x10, "MOV R1, R2"), (0x20, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24"),
+                (0x30, "LDL R3, [R1]"), (0x40, "@P0 BRA 0x20"), (0x50, "EXIT"))
+    assert local_in_mainloops(body) == [0x30]
+
+
+def test_spill_in_the_outer_tile_loop_is_not_in_the_mainloop():
+    body = sass((0x10, "LDL R3, [R1]"), (0x20, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24"),
+                (0x30, "@P0 BRA 0x20"), (0x40, "STL [R1], R3"), (0x50, "@P1 BRA 0x10"), (0x60, "EXIT"))
+    assert local_in_mainloops(body) == []
+
+
+def test_out_of_line_wait_retry_is_no_loop():
+    # 0x20 jumps out to a retry path at 0x60, which returns to 0x30: not a loop
+    # around the HGMMA and the LDL.
+    body = sass((0x10, "MOV R1, R2"), (0x20, "@!P0 BRA 0x60"), (0x30, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24"),
+                (0x40, "LDL R3, [R1]"), (0x50, "EXIT"), (0x60, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR8], R2"),
+                (0x70, "@!P0 BRA 0x60"), (0x80, "BRA 0x30"))
+    assert local_in_mainloops(body) == []
