@@ -30,6 +30,7 @@ struct Case {
   bool causal;
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
   bool packed_qkv;  // Q, K, V interleaved in one [b, s, 3, h, d] buffer (needs seqlen_q == seqlen_k)
+  int64_t batch_gap = 0;  // elements left unused between batches of Q, K, V and O (not packed)
 };
 
 std::string name(Case const& c) {
@@ -57,36 +58,50 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
   a.causal = c.causal;
   a.options = options;
 
-  size_t const q_elems = size_t(c.batch) * c.seqlen_q * c.heads_q * d;
-  size_t const kv_elems = size_t(c.batch) * c.seqlen_k * c.heads_kv * d;
-  size_t const in_elems = c.packed_qkv ? 3 * q_elems : q_elems + 2 * kv_elems;
-  std::vector<uint16_t> host(in_elems);
-  for (auto& x : host) x = to_bits(normal(rng), c.dtype);
-  DeviceBuffer<uint16_t> in(in_elems);
-  ASSERT_NE(in.ptr, nullptr);
-  CUDA_OK(cudaMemcpy(in.ptr, host.data(), in_elems * 2, cudaMemcpyHostToDevice));
+  size_t const q_batch = size_t(c.seqlen_q) * c.heads_q * d;
+  size_t const kv_batch = size_t(c.seqlen_k) * c.heads_kv * d;
+  size_t const q_elems = c.batch * q_batch;
+  size_t const kv_elems = c.batch * kv_batch;
+  size_t const lse_elems = size_t(c.batch) * c.heads_q * c.seqlen_q;
+  // Each tensor in its own buffer, batch b at b * (dense batch + gap); packed
+  // QKV shares one buffer with interleaved rows.
+  auto span = [&](size_t per_batch) { return (c.batch - 1) * (per_batch + c.batch_gap) + per_batch; };
+  DeviceBuffer<uint16_t> qkv(c.packed_qkv ? 3 * q_elems : 0);
+  DeviceBuffer<uint16_t> q(c.packed_qkv ? 0 : span(q_batch)), k(c.packed_qkv ? 0 : span(kv_batch)),
+      v(c.packed_qkv ? 0 : span(kv_batch)), o(span(q_batch));
+  DeviceBuffer<float> lse(lse_elems), ref_o(q_elems), ref_lse(lse_elems), low_o(q_elems);
+  ASSERT_TRUE(o.ptr && lse.ptr && ref_o.ptr && ref_lse.ptr && low_o.ptr);
+  auto upload_random = [&](uint16_t* dst, size_t per_batch, int64_t stride) {
+    std::vector<uint16_t> host(per_batch);
+    for (int64_t b = 0; b < c.batch; ++b) {
+      for (auto& x : host) x = to_bits(normal(rng), c.dtype);
+      ASSERT_EQ(cudaMemcpy(dst + b * stride, host.data(), per_batch * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  };
   if (c.packed_qkv) {
+    ASSERT_NE(qkv.ptr, nullptr);
+    upload_random(qkv.ptr, 3 * q_batch, 3 * q_batch);
     int64_t const row = 3 * c.heads_q * d;
     auto view = [&](int which) {
-      return flash3::ConstTensor{in.ptr + which * c.heads_q * d, row * c.seqlen_q, row, d, 1};
+      return flash3::ConstTensor{qkv.ptr + which * c.heads_q * d, row * c.seqlen_q, row, d, 1};
     };
     a.q = view(0);
     a.k = view(1);
     a.v = view(2);
   } else {
-    a.q = flash3::contiguous<const void*>(in.ptr, c.seqlen_q, c.heads_q, d);
-    a.k = flash3::contiguous<const void*>(in.ptr + q_elems, c.seqlen_k, c.heads_kv, d);
-    a.v = flash3::contiguous<const void*>(in.ptr + q_elems + kv_elems, c.seqlen_k, c.heads_kv, d);
+    ASSERT_TRUE(q.ptr && k.ptr && v.ptr);
+    upload_random(q.ptr, q_batch, q_batch + c.batch_gap);
+    upload_random(k.ptr, kv_batch, kv_batch + c.batch_gap);
+    upload_random(v.ptr, kv_batch, kv_batch + c.batch_gap);
+    a.q = {q.ptr, int64_t(q_batch) + c.batch_gap, c.heads_q * d, d, 1};
+    a.k = {k.ptr, int64_t(kv_batch) + c.batch_gap, c.heads_kv * d, d, 1};
+    a.v = {v.ptr, int64_t(kv_batch) + c.batch_gap, c.heads_kv * d, d, 1};
   }
-
-  DeviceBuffer<uint16_t> o(q_elems);
-  size_t const lse_elems = size_t(c.batch) * c.heads_q * c.seqlen_q;
-  DeviceBuffer<float> lse(lse_elems), ref_o(q_elems), ref_lse(lse_elems), low_o(q_elems);
-  ASSERT_TRUE(o.ptr && lse.ptr && ref_o.ptr && ref_lse.ptr && low_o.ptr);
+  int64_t const o_stride = int64_t(q_batch) + c.batch_gap;
   // Poison: an element the kernel does not write reads back as NaN.
-  CUDA_OK(cudaMemset(o.ptr, 0xff, q_elems * 2));
+  for (int64_t b = 0; b < c.batch; ++b) CUDA_OK(cudaMemset(o.ptr + b * o_stride, 0xff, q_batch * 2));
   CUDA_OK(cudaMemset(lse.ptr, 0xff, lse_elems * 4));
-  a.o = flash3::contiguous<void*>(o.ptr, c.seqlen_q, c.heads_q, d);
+  a.o = {o.ptr, o_stride, c.heads_q * d, d, 1};
   a.lse = lse.ptr;
 
   flash3::Status s = flash3::forward(a, nullptr);
@@ -101,7 +116,9 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
 
   std::vector<uint16_t> h_o(q_elems);
   std::vector<float> h_lse(lse_elems), h_ref(q_elems), h_ref_lse(lse_elems), h_low(q_elems);
-  CUDA_OK(cudaMemcpy(h_o.data(), o.ptr, q_elems * 2, cudaMemcpyDeviceToHost));
+  for (int64_t b = 0; b < c.batch; ++b) {
+    CUDA_OK(cudaMemcpy(h_o.data() + b * q_batch, o.ptr + b * o_stride, q_batch * 2, cudaMemcpyDeviceToHost));
+  }
   CUDA_OK(cudaMemcpy(h_lse.data(), lse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(h_ref.data(), ref_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(h_ref_lse.data(), ref_lse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost));
@@ -165,6 +182,16 @@ TEST(ForwardAblation, SameResultWithEachTechniqueOff) {
       run_case({DType::kBF16, 128, causal, 2, 1000, 1000, 4, 2, false}, 99 + bits, options);
       run_case({DType::kBF16, 128, causal, 1, 129, 700, 2, 2, false}, 7 + bits, options);
     }
+  }
+}
+
+TEST(Forward, StridesBeyond2To31Elements) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  // Batch 1 of every tensor starts past element 2^31 (about 4.3 GB apart):
+  // the strides and the TMA descriptors must be 64-bit throughout.
+  int64_t const gap = (int64_t(1) << 31) + 1024;
+  for (bool causal : {false, true}) {
+    run_case({DType::kBF16, 128, causal, 2, 300, 700, 4, 2, false, gap}, 4242);
   }
 }
 
