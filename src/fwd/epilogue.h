@@ -43,7 +43,6 @@ struct Epilogue {
     cute::prefetch_tma_descriptor(p.tma_o.get_tma_descriptor());
   }
 
-  // tOrO: the normalised fp32 O of this thread; lse: its rows' LSE.
   // The consumer thread index, read afresh: values derived from it are then
   // computed here, once a tile, instead of being hoisted out of the tile loop
   // and held (or spilled) through the mainloop.
@@ -53,6 +52,7 @@ struct Epilogue {
     return int(tid) - cutlass::NumThreadsPerWarpGroup;
   }
 
+  // tOrO: the normalised fp32 O of this thread; lse: its rows' LSE.
   template <class FragO, int kRows>
   CUTE_DEVICE static void store(Params const& p, SharedStorage& smem, FragO const& tOrO, float const (&lse)[kRows],
                                 TileCoord tile) {
