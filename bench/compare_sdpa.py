@@ -5,7 +5,7 @@ Reads the JSON written by `flash3-bench --json`, times both SDPA backends on
 every shape in it (default variant only: ablations have no peer), and prints a
 markdown table of TFLOP/s and flash3's speedups.
 
-  compare_sdpa.py --flash3-json bench.json [--out-json merged.json]
+  compare_sdpa.py --flash3-json bench.json [bench_bwd.json ...] [--out-json merged.json]
   compare_sdpa.py --self-test      # pure parts only: no torch, no GPU
 
 torch and triton are imported lazily so that --self-test runs anywhere.
@@ -28,11 +28,11 @@ WARNING_NOISE = ("not used because:", "has been runtime disabled.")
 # ---- pure parts: no torch ---------------------------------------------------
 
 def attention_flops(pass_, hdim, causal, batch, seqlen_q, seqlen_k, heads_q):
-    """The FlashAttention papers' count: 4 s_q s_k d h b, half when causal, x2.5 for bwd."""
+    """The FlashAttention papers' count: 4 s_q s_k d h b, half when causal, x2.5 for bwd, x3.5 for fwd+bwd."""
     flops = 4 * seqlen_q * seqlen_k * hdim * heads_q * batch
     if causal:
         flops //= 2
-    return flops * 5 // 2 if pass_ == "bwd" else flops
+    return {"fwd": flops, "bwd": flops * 5 // 2, "fwd+bwd": flops * 7 // 2}[pass_]
 
 
 def shape_flops(shape):
@@ -177,9 +177,9 @@ def make_inputs(torch, shape, requires_grad):
 
 
 def sdpa_workload(torch, shape):
-    """The callable to time: the SDPA call (fwd) or only its backward (bwd)."""
+    """The callable to time: the SDPA call (fwd), only its backward (bwd), or both."""
     import torch.nn.functional as F
-    q, k, v = make_inputs(torch, shape, shape["pass"] == "bwd")
+    q, k, v = make_inputs(torch, shape, shape["pass"] != "fwd")
     # Passed only for GQA so that a torch without enable_gqa still runs MHA.
     gqa = {"enable_gqa": True} if shape["heads_kv"] != shape["heads_q"] else {}
 
@@ -190,6 +190,8 @@ def sdpa_workload(torch, shape):
         return forward
     out = forward()
     grad_out = torch.randn_like(out)
+    if shape["pass"] == "fwd+bwd":
+        return lambda: torch.autograd.grad(forward(), (q, k, v), grad_out)
     return lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
 
 
@@ -224,8 +226,11 @@ def compare(args):
     if not torch.cuda.is_available():
         print("compare_sdpa: no CUDA device; SDPA peers need one (try --self-test)", file=sys.stderr)
         return 2
-    with open(args.flash3_json) as f:
-        rows = group_shapes(json.load(f))
+    entries = []
+    for path in args.flash3_json:
+        with open(path) as f:
+            entries += json.load(f)
+    rows = group_shapes(entries)
     timer_name, timer = make_timer(torch)
     measure_peers(torch, timer, rows)
     header = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -255,6 +260,8 @@ def self_test():
                                                                                          4096, 16), "causal halves")
     expect(attention_flops("bwd", 64, False, 1, 1024, 1024, 8) * 2 == attention_flops("fwd", 64, False, 1, 1024,
                                                                                         1024, 8) * 5, "bwd x2.5")
+    expect(attention_flops("fwd+bwd", 64, False, 1, 1024, 1024, 8) * 2 == attention_flops("fwd", 64, False, 1, 1024,
+                                                                                            1024, 8) * 7, "x3.5")
     base = {"pass": "fwd", "dtype": "bf16", "hdim": 128, "causal": False, "batch": 1, "seqlen_q": 2048,
             "seqlen_k": 2048, "heads_q": 16, "heads_kv": 16, "ok": True, "variant": "default"}
     ms = attention_flops("fwd", 128, False, 1, 2048, 2048, 16) / 500e12 * 1e3  # 500 TFLOP/s
@@ -274,7 +281,7 @@ def self_test():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flash3-json", help="results written by flash3-bench --json")
+    parser.add_argument("--flash3-json", nargs="+", help="results written by flash3-bench --json (one or more files)")
     parser.add_argument("--out-json", help="also write the merged results here")
     parser.add_argument("--self-test", action="store_true", help="check the pure parts; needs no torch or GPU")
     args = parser.parse_args(argv)

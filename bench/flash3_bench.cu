@@ -1,7 +1,8 @@
-// flash3-bench: the forward pass on the paper's sweep, each result checked
-// against the GPU reference before it is timed.
+// flash3-bench: the forward and backward passes on the paper's sweep, each
+// result checked against the GPU reference before it is timed.
 //
-//   flash3-bench                      the paper's sweep (bf16, hdim 64/128/256, causal off/on)
+//   flash3-bench                      the paper's sweep (bf16, hdim 64/128/256, causal off/on), forward
+//   flash3-bench --pass bwd           the same sweep, backward (hdim 64/128)
 //   flash3-bench --ablation           paper Table 2: each technique switched off
 //   flash3-bench --help               all options
 #include <cuda_bf16.h>
@@ -55,11 +56,13 @@ __global__ void fill_normal(uint16_t* out, size_t n, uint32_t seed, bool bf16) {
 }
 
 // Largest |a - ref| and |low - ref|, and whether any element of a is NaN.
-__global__ void compare(uint16_t const* a, float const* ref, float const* low, size_t n, bool bf16,
-                        float* out /* [max_err, max_low_err, nan_count] */) {
+// ref and low are dense; a holds the same elements as rows of row_len
+// elements, row_stride apart.
+__global__ void compare(uint16_t const* a, int64_t row_len, int64_t row_stride, float const* ref, float const* low,
+                        size_t n, bool bf16, float* out /* [max_err, max_low_err, nan_count] */) {
   float err = 0.f, low_err = 0.f, nans = 0.f;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint16_t bits = a[i];
+    uint16_t bits = a[int64_t(i) / row_len * row_stride + int64_t(i) % row_len];
     float x = bf16 ? __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&bits))
                    : __half2float(*reinterpret_cast<__half*>(&bits));
     if (x != x) nans += 1.f;
@@ -71,13 +74,18 @@ __global__ void compare(uint16_t const* a, float const* ref, float const* low, s
   if (nans > 0.f) atomicAdd(&out[2], nans);
 }
 
+enum class Pass { kFwd, kBwd, kFwdBwd };
+char const* pass_name(Pass p) { return p == Pass::kFwd ? "fwd" : p == Pass::kBwd ? "bwd" : "fwd+bwd"; }
+
 struct Config {
+  Pass pass = Pass::kFwd;
   std::string variant = "default";
   DType dtype = DType::kBF16;
   int head_dim = 128;
   bool causal = false;
   int64_t batch = 1, seqlen = 1024, heads_q = 16, heads_kv = 16;
   flash3::KernelOptions options;
+  bool deterministic = false;  // backward
 };
 
 struct Result {
@@ -89,19 +97,21 @@ struct Result {
 };
 
 struct Options {
+  std::vector<Pass> passes = {Pass::kFwd};
   std::vector<int> head_dims = {64, 128, 256};
   std::vector<int64_t> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
   std::vector<bool> causal = {false, true};
   DType dtype = DType::kBF16;
   int64_t total_tokens = 16384, hidden = 2048, gqa = 1;
   int reps = 30;
-  bool check = true, ablation = false;
+  bool check = true, ablation = false, deterministic = false;
   std::string json, csv;
 };
 
 void usage() {
   std::printf(
-      "flash3-bench: forward attention TFLOP/s, checked against the GPU reference\n"
+      "flash3-bench: attention TFLOP/s, checked against the GPU reference\n"
+      "  --pass fwd|bwd|fwd+bwd|all  which pass (default fwd); backward FLOPs are 2.5x the forward's\n"
       "  --hdim 64,128,256      head dims\n"
       "  --seqlen 512,...       sequence lengths (batch = tokens / seqlen, heads = hidden / hdim)\n"
       "  --causal 0|1|both      mask (default both)\n"
@@ -110,6 +120,7 @@ void usage() {
       "  --gqa R                query heads per K/V head (default 1)\n"
       "  --reps N               timed runs per shape, median reported (default 30)\n"
       "  --no-check             skip the reference check\n"
+      "  --deterministic        backward in deterministic mode\n"
       "  --ablation             paper Table 2: batch 4, seqlen 8448, 16 heads, hdim 128, each technique off\n"
       "  --json FILE --csv FILE also write the results there\n");
 }
@@ -131,7 +142,13 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); std::exit(2); }
       return argv[++i];
     };
-    if (a == "--hdim") o.head_dims = parse_list<int>(next());
+    if (a == "--pass") {
+      std::string v = next();
+      if (v == "all") o.passes = {Pass::kFwd, Pass::kBwd, Pass::kFwdBwd};
+      else if (v == "fwd" || v == "bwd" || v == "fwd+bwd")
+        o.passes = {v == "fwd" ? Pass::kFwd : v == "bwd" ? Pass::kBwd : Pass::kFwdBwd};
+      else { std::fprintf(stderr, "--pass: fwd, bwd, fwd+bwd or all\n"); std::exit(2); }
+    } else if (a == "--hdim") o.head_dims = parse_list<int>(next());
     else if (a == "--seqlen") o.seqlens = parse_list<int64_t>(next());
     else if (a == "--causal") {
       std::string v = next();
@@ -143,6 +160,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--reps") o.reps = std::max(1, std::stoi(next()));
     else if (a == "--no-check") o.check = false;
     else if (a == "--ablation") o.ablation = true;
+    else if (a == "--deterministic") o.deterministic = true;
     else if (a == "--json") o.json = next();
     else if (a == "--csv") o.csv = next();
     else if (a == "--help" || a == "-h") { usage(); std::exit(0); }
@@ -151,12 +169,39 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// The paper's count: 4 seqlen^2 d heads batch for the forward (halved with
+// the causal mask), 2.5 times that for the backward.
 double flops(Config const& c) {
   double f = 4.0 * c.seqlen * c.seqlen * c.head_dim * c.heads_q * c.batch;
-  return c.causal ? f / 2 : f;
+  if (c.causal) f /= 2;
+  return c.pass == Pass::kFwd ? f : c.pass == Pass::kBwd ? 2.5 * f : 3.5 * f;
 }
 
-// One shape: fresh random inputs, poisoned output, check, then time.
+struct Check {
+  float max_err = 0, ref_err = 0;
+  bool ok = true;
+  std::string error;
+};
+
+// |a - ref| <= 2 |low - ref| + eps over one tensor (a strided), NaN fails.
+void check_tensor(Check& chk, char const* what, uint16_t const* a, int64_t row_len, int64_t row_stride,
+                  float const* ref, float const* low, size_t n, bool bf16, float eps) {
+  float* stats;
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&stats), 3 * 4));
+  CHECK_CUDA(cudaMemset(stats, 0, 3 * 4));
+  compare<<<1024, 256>>>(a, row_len, row_stride, ref, low, n, bf16, stats);
+  float h[3];
+  CHECK_CUDA(cudaMemcpy(h, stats, sizeof(h), cudaMemcpyDeviceToHost));
+  cudaFree(stats);
+  chk.max_err = std::max(chk.max_err, h[0]);
+  chk.ref_err = std::max(chk.ref_err, h[1]);
+  if (chk.ok && (h[2] > 0.f || h[0] > 2 * h[1] + eps)) {
+    chk.ok = false;
+    chk.error = std::string(what) + (h[2] > 0 ? ": NaN or unwritten output" : ": error above 2x the same-precision reference");
+  }
+}
+
+// One shape: fresh random inputs, poisoned outputs, check, then time.
 Result run(Config const& c, Options const& opt, uint32_t seed) {
   Result r;
   r.config = c;
@@ -165,8 +210,10 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
   size_t const kv_elems = size_t(c.batch) * c.seqlen * c.heads_kv * d;
   size_t const lse_elems = size_t(c.batch) * c.heads_q * c.seqlen;
   bool const bf16 = c.dtype == DType::kBF16;
-  uint16_t *q, *k, *v, *o;
+  bool const backward = c.pass != Pass::kFwd;
+  uint16_t *q, *k, *v, *o, *dout = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
   float* lse;
+  void* workspace = nullptr;
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&q), q_elems * 2));
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&k), kv_elems * 2));
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&v), kv_elems * 2));
@@ -192,29 +239,92 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
   a.o = flash3::contiguous<void*>(o, c.seqlen, c.heads_q, d);
   a.lse = lse;
 
-  flash3::Status s = flash3::forward(a, nullptr);
+  flash3::BackwardArgs b;
+  if (backward) {
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dout), q_elems * 2));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dq), q_elems * 2));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dk), kv_elems * 2));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dv), kv_elems * 2));
+    fill_normal<<<1024, 256>>>(dout, q_elems, seed * 11 + 3, bf16);
+    CHECK_CUDA(cudaMemset(dq, 0xff, q_elems * 2));
+    CHECK_CUDA(cudaMemset(dk, 0xff, kv_elems * 2));
+    CHECK_CUDA(cudaMemset(dv, 0xff, kv_elems * 2));
+    b.dtype = c.dtype;
+    b.batch = c.batch;
+    b.seqlen_q = b.seqlen_k = c.seqlen;
+    b.heads_q = c.heads_q;
+    b.heads_kv = c.heads_kv;
+    b.head_dim = d;
+    b.causal = c.causal;
+    b.deterministic = c.deterministic;
+    b.q = a.q;
+    b.k = a.k;
+    b.v = a.v;
+    b.o = flash3::contiguous<const void*>(o, c.seqlen, c.heads_q, d);
+    b.dout = flash3::contiguous<const void*>(dout, c.seqlen, c.heads_q, d);
+    b.lse = lse;
+    b.dq = flash3::contiguous<void*>(dq, c.seqlen, c.heads_q, d);
+    b.dk = flash3::contiguous<void*>(dk, c.seqlen, c.heads_kv, d);
+    b.dv = flash3::contiguous<void*>(dv, c.seqlen, c.heads_kv, d);
+    // The caller's workspace, as a training loop keeps one.
+    CHECK_CUDA(cudaMalloc(&workspace, std::max<size_t>(1, flash3::backward_workspace_size(b))));
+    b.workspace = workspace;
+  }
+  auto call = [&]() {
+    flash3::Status s;
+    if (c.pass != Pass::kBwd) s = flash3::forward(a, nullptr);
+    if (s.ok() && backward) s = flash3::backward(b, nullptr);
+    return s;
+  };
+
+  flash3::Status s = backward ? flash3::forward(a, nullptr) : flash3::Status();
+  if (s.ok()) s = call();
   if (s.ok()) {
     CHECK_CUDA(cudaDeviceSynchronize());
     r.ok = true;
     if (opt.check) {
-      float *ref, *low, *stats;
-      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), q_elems * 4));
-      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&low), q_elems * 4));
-      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&stats), 3 * 4));
-      CHECK_CUDA(cudaMemset(stats, 0, 3 * 4));
-      flash3::reference::AttentionShape shape{c.batch, c.seqlen, c.seqlen, c.heads_q, c.heads_kv, d, 0.f, c.causal};
-      CHECK_CUDA(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, ref, nullptr, false, nullptr));
-      CHECK_CUDA(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, low, nullptr, true, nullptr));
-      compare<<<1024, 256>>>(o, ref, low, q_elems, bf16, stats);
-      float h[3];
-      CHECK_CUDA(cudaMemcpy(h, stats, sizeof(h), cudaMemcpyDeviceToHost));
-      r.max_err = h[0];
-      r.ref_err = h[1];
-      r.ok = h[2] == 0.f && h[0] <= 2 * h[1] + 1e-5f;
-      if (!r.ok) r.error = h[2] > 0 ? "NaN or unwritten output" : "error above 2x the same-precision reference";
-      cudaFree(ref);
-      cudaFree(low);
-      cudaFree(stats);
+      Check chk;
+      if (!backward) {
+        float *ref, *low;
+        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), q_elems * 4));
+        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&low), q_elems * 4));
+        flash3::reference::AttentionShape shape{c.batch, c.seqlen, c.seqlen, c.heads_q, c.heads_kv, d, 0.f, c.causal};
+        CHECK_CUDA(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, ref, nullptr, false, nullptr));
+        CHECK_CUDA(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, low, nullptr, true, nullptr));
+        check_tensor(chk, "O", o, int64_t(q_elems), int64_t(q_elems), ref, low, q_elems, bf16, 1e-5f);
+        cudaFree(ref);
+        cudaFree(low);
+      } else {
+        // The reference backward is one block per row: check batch 0 and the
+        // query heads of K/V head 0 (views into the same tensors).
+        int64_t const group = c.heads_q / c.heads_kv;
+        flash3::reference::AttentionShape shape{1, c.seqlen, c.seqlen, group, 1, d, 0.f, c.causal};
+        size_t const sq = size_t(c.seqlen) * group * d, sk = size_t(c.seqlen) * d;
+        float *ref, *low;
+        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), (sq + 2 * sk) * 4));
+        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&low), (sq + 2 * sk) * 4));
+        for (auto [buf, emulate] : {std::pair{ref, false}, std::pair{low, true}}) {
+          CHECK_CUDA(flash3::reference::attention_backward_gpu(shape, c.dtype, a.q, a.k, a.v, b.dout, buf, buf + sq,
+                                                               buf + sq + sk, emulate, nullptr));
+        }
+        CHECK_CUDA(cudaDeviceSynchronize());
+        auto eps = [](float const* ref_tensor, size_t n) {
+          std::vector<float> h(n);
+          CHECK_CUDA(cudaMemcpy(h.data(), ref_tensor, n * 4, cudaMemcpyDeviceToHost));
+          float m = 0.f;
+          for (float x : h) m = std::max(m, std::fabs(x));
+          return 1e-4f * m + 1e-5f;
+        };
+        check_tensor(chk, "dQ", dq, group * d, c.heads_q * d, ref, low, sq, bf16, eps(ref, sq));
+        check_tensor(chk, "dK", dk, d, c.heads_kv * d, ref + sq, low + sq, sk, bf16, eps(ref + sq, sk));
+        check_tensor(chk, "dV", dv, d, c.heads_kv * d, ref + sq + sk, low + sq + sk, sk, bf16, eps(ref + sq + sk, sk));
+        cudaFree(ref);
+        cudaFree(low);
+      }
+      r.max_err = chk.max_err;
+      r.ref_err = chk.ref_err;
+      r.ok = chk.ok;
+      r.error = chk.error;
     }
     // Time: warm up, then the median of opt.reps samples, each the mean of a
     // batch of back-to-back calls between two events, so that the host's
@@ -223,9 +333,9 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
     cudaEvent_t start, stop;
     CHECK_CUDA(cudaEventCreate(&start));
     CHECK_CUDA(cudaEventCreate(&stop));
-    for (int i = 0; i < 3; ++i) flash3::forward(a, nullptr);
+    for (int i = 0; i < 3; ++i) call();
     CHECK_CUDA(cudaEventRecord(start));
-    flash3::forward(a, nullptr);
+    call();
     CHECK_CUDA(cudaEventRecord(stop));
     CHECK_CUDA(cudaEventSynchronize(stop));
     float once_ms;
@@ -234,7 +344,7 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
     std::vector<float> times;
     for (int i = 0; i < opt.reps; ++i) {
       CHECK_CUDA(cudaEventRecord(start));
-      for (int j = 0; j < batch; ++j) flash3::forward(a, nullptr);
+      for (int j = 0; j < batch; ++j) call();
       CHECK_CUDA(cudaEventRecord(stop));
       CHECK_CUDA(cudaEventSynchronize(stop));
       float ms;
@@ -249,11 +359,10 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
   } else {
     r.error = s.message();
   }
-  cudaFree(q);
-  cudaFree(k);
-  cudaFree(v);
-  cudaFree(o);
-  cudaFree(lse);
+  for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
+                  workspace}) {
+    cudaFree(p);
+  }
   return r;
 }
 
@@ -262,7 +371,7 @@ void write_json(std::string const& path, std::vector<Result> const& results) {
   f << "[\n";
   for (size_t i = 0; i < results.size(); ++i) {
     Config const& c = results[i].config;
-    f << "  {\"pass\": \"fwd\", \"variant\": \"" << c.variant << "\", \"dtype\": \""
+    f << "  {\"pass\": \"" << pass_name(c.pass) << "\", \"variant\": \"" << c.variant << "\", \"dtype\": \""
       << (c.dtype == DType::kBF16 ? "bf16" : "fp16") << "\", \"hdim\": " << c.head_dim
       << ", \"causal\": " << (c.causal ? "true" : "false") << ", \"batch\": " << c.batch
       << ", \"seqlen_q\": " << c.seqlen << ", \"seqlen_k\": " << c.seqlen << ", \"heads_q\": " << c.heads_q
@@ -275,10 +384,10 @@ void write_json(std::string const& path, std::vector<Result> const& results) {
 
 void write_csv(std::string const& path, std::vector<Result> const& results) {
   std::ofstream f(path);
-  f << "variant,dtype,hdim,causal,batch,seqlen,heads_q,heads_kv,ms,tflops,max_err,ref_err,ok\n";
+  f << "pass,variant,dtype,hdim,causal,batch,seqlen,heads_q,heads_kv,ms,tflops,max_err,ref_err,ok\n";
   for (Result const& r : results) {
     Config const& c = r.config;
-    f << c.variant << "," << (c.dtype == DType::kBF16 ? "bf16" : "fp16") << "," << c.head_dim << "," << c.causal
+    f << pass_name(c.pass) << "," << c.variant << "," << (c.dtype == DType::kBF16 ? "bf16" : "fp16") << "," << c.head_dim << "," << c.causal
       << "," << c.batch << "," << c.seqlen << "," << c.heads_q << "," << c.heads_kv << "," << r.ms << ","
       << r.tflops << "," << r.max_err << "," << r.ref_err << "," << r.ok << "\n";
   }
@@ -316,18 +425,24 @@ int main(int argc, char** argv) {
       configs.push_back(c);
     }
   } else {
+    // Shapes outer, passes inner: "--pass all" prints each shape's passes together.
     for (int d : opt.head_dims) {
       for (bool causal : opt.causal) {
         for (int64_t s : opt.seqlens) {
-          Config c;
-          c.dtype = opt.dtype;
-          c.head_dim = d;
-          c.causal = causal;
-          c.seqlen = s;
-          c.batch = std::max<int64_t>(1, opt.total_tokens / s);
-          c.heads_q = std::max<int64_t>(1, opt.hidden / d);
-          c.heads_kv = std::max<int64_t>(1, c.heads_q / opt.gqa);
-          configs.push_back(c);
+          for (Pass pass : opt.passes) {
+            if (pass != Pass::kFwd && d > 128) continue;  // the backward pass covers head dims up to 128
+            Config c;
+            c.pass = pass;
+            c.deterministic = opt.deterministic;
+            c.dtype = opt.dtype;
+            c.head_dim = d;
+            c.causal = causal;
+            c.seqlen = s;
+            c.batch = std::max<int64_t>(1, opt.total_tokens / s);
+            c.heads_q = std::max<int64_t>(1, opt.hidden / d);
+            c.heads_kv = std::max<int64_t>(1, c.heads_q / opt.gqa);
+            configs.push_back(c);
+          }
         }
       }
     }
@@ -337,19 +452,20 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (size_t i = 0; i < configs.size(); ++i) {
     Config const& c = configs[i];
-    std::fprintf(stderr, "[%zu/%zu] %s hdim %d%s seqlen %lld batch %lld heads %lld/%lld\n", i + 1, configs.size(),
-                 c.variant.c_str(), c.head_dim, c.causal ? " causal" : "", (long long)c.seqlen, (long long)c.batch,
+    std::fprintf(stderr, "[%zu/%zu] %s %s hdim %d%s seqlen %lld batch %lld heads %lld/%lld\n", i + 1, configs.size(),
+                 pass_name(c.pass), c.variant.c_str(), c.head_dim, c.causal ? " causal" : "", (long long)c.seqlen, (long long)c.batch,
                  (long long)c.heads_q, (long long)c.heads_kv);
     results.push_back(run(c, opt, 1000u + uint32_t(i) * 17u));
     all_ok &= results.back().ok;
   }
 
-  std::printf("\n| variant | dtype | hdim | causal | batch | seqlen | heads | ms | TFLOP/s | max err | ref err | check |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| pass | variant | dtype | hdim | causal | batch | seqlen | heads | ms | TFLOP/s | max err | ref err | check |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (Result const& r : results) {
     Config const& c = r.config;
-    std::printf("| %s | %s | %d | %s | %lld | %lld | %lld/%lld | %.3f | %.1f | %.2e | %.2e | %s |\n",
-                c.variant.c_str(), c.dtype == DType::kBF16 ? "bf16" : "fp16", c.head_dim, c.causal ? "yes" : "no",
+    std::printf("| %s | %s | %s | %d | %s | %lld | %lld | %lld/%lld | %.3f | %.1f | %.2e | %.2e | %s |\n",
+                pass_name(c.pass), c.variant.c_str(), c.dtype == DType::kBF16 ? "bf16" : "fp16", c.head_dim,
+                c.causal ? "yes" : "no",
                 (long long)c.batch, (long long)c.seqlen, (long long)c.heads_q, (long long)c.heads_kv, r.ms, r.tflops,
                 r.max_err, r.ref_err, r.ok ? (opt.check ? "ok" : "unchecked") : ("FAIL: " + r.error).c_str());
   }

@@ -58,6 +58,64 @@ void attention_cpu(const AttentionShape& s, const double* q, const double* k, co
   }
 }
 
+void attention_backward_cpu(const AttentionShape& s, const double* q, const double* k, const double* v,
+                            const double* dout, double* dq, double* dk, double* dv) {
+  if (!is_valid(s)) throw std::invalid_argument("attention_backward_cpu: invalid AttentionShape");
+  const int64_t d = s.head_dim;
+  const int64_t group = s.heads_q / s.heads_kv;
+  const double scale = effective_scale(s);
+  std::fill(dq, dq + s.batch * s.seqlen_q * s.heads_q * d, 0.0);
+  std::fill(dk, dk + s.batch * s.seqlen_k * s.heads_kv * d, 0.0);
+  std::fill(dv, dv + s.batch * s.seqlen_k * s.heads_kv * d, 0.0);
+  std::vector<double> p(s.seqlen_k), dp(s.seqlen_k);
+  auto row = [&](const double* t, int64_t b, int64_t seqlen, int64_t heads, int64_t i, int64_t h) {
+    return t + ((b * seqlen + i) * heads + h) * d;
+  };
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads_q; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t i = 0; i < s.seqlen_q; ++i) {
+        const int64_t visible =
+            s.causal ? std::clamp<int64_t>(i + s.seqlen_k - s.seqlen_q + 1, 0, s.seqlen_k) : s.seqlen_k;
+        if (visible == 0) continue;
+        const double* qi = row(q, b, s.seqlen_q, s.heads_q, i, h);
+        const double* doi = row(dout, b, s.seqlen_q, s.heads_q, i, h);
+        // P_i = softmax(scale q_i K^T), dP_i = dO_i V^T.
+        double max_score = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < visible; ++j) {
+          const double* kj = row(k, b, s.seqlen_k, s.heads_kv, j, hk);
+          const double* vj = row(v, b, s.seqlen_k, s.heads_kv, j, hk);
+          double qk = 0, dov = 0;
+          for (int64_t c = 0; c < d; ++c) {
+            qk += qi[c] * kj[c];
+            dov += doi[c] * vj[c];
+          }
+          p[j] = scale * qk;
+          dp[j] = dov;
+          max_score = std::max(max_score, p[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < visible; ++j) sum += (p[j] = std::exp(p[j] - max_score));
+        // D_i = sum_j P_ij dP_ij (= rowsum(dO_i o O_i)); dS = P o (dP - D).
+        double dsum = 0;
+        for (int64_t j = 0; j < visible; ++j) dsum += (p[j] /= sum) * dp[j];
+        double* dqi = dq + ((b * s.seqlen_q + i) * s.heads_q + h) * d;
+        for (int64_t j = 0; j < visible; ++j) {
+          const double ds = p[j] * (dp[j] - dsum);
+          const double* kj = row(k, b, s.seqlen_k, s.heads_kv, j, hk);
+          double* dkj = dk + ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
+          double* dvj = dv + ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
+          for (int64_t c = 0; c < d; ++c) {
+            dqi[c] += scale * ds * kj[c];
+            dkj[c] += scale * ds * qi[c];
+            dvj[c] += p[j] * doi[c];
+          }
+        }
+      }
+    }
+  }
+}
+
 namespace {
 
 uint32_t float_bits(float x) {

@@ -56,6 +56,14 @@ inline double effective_scale(const AttentionShape& s) {
 void attention_cpu(const AttentionShape& shape, const double* q, const double* k, const double* v, double* o,
                    double* lse);
 
+// The gradients of attention_cpu's O for an upstream gradient dO (float64):
+//   dV = P^T dO, dP = dO V^T, dS = P o (dP - rowsum(P o dP)),
+//   dQ = scale dS K, dK = scale dS^T Q,
+// with dK and dV summed over the query heads sharing a K/V head. dout, dq as
+// q; dk, dv as k. Throws std::invalid_argument when !is_valid(shape).
+void attention_backward_cpu(const AttentionShape& shape, const double* q, const double* k, const double* v,
+                            const double* dout, double* dq, double* dk, double* dv);
+
 #ifdef FLASH3_REFERENCE_HAS_CUDA
 // Attention on the GPU with float32 accumulation, for any shape (head_dim up to
 // what one block's shared memory holds, about 900 on sm_90).
@@ -75,6 +83,17 @@ void attention_cpu(const AttentionShape& shape, const double* q, const double* k
 cudaError_t attention_gpu(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q,
                           flash3::ConstTensor k, flash3::ConstTensor v, float* o, float* lse,
                           bool emulate_low_precision, cudaStream_t stream);
+
+// attention_cpu's backward on the GPU with float32 accumulation, for any shape
+// (head_dim up to 512). q, k, v, dout: device tensors in dtype described as in
+// flash3.h. dq, dk, dv: device float32, dense [batch, seqlen, heads, head_dim]
+// (dk, dv with heads_kv). emulate_low_precision rounds S, P, dP and dS to
+// dtype where a straightforward implementation in dtype holds them, and the
+// results. Enqueues on `stream`; cudaErrorInvalidValue for a bad shape.
+cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q,
+                                   flash3::ConstTensor k, flash3::ConstTensor v, flash3::ConstTensor dout,
+                                   float* dq, float* dk, float* dv, bool emulate_low_precision,
+                                   cudaStream_t stream);
 #endif
 
 // 16-bit float conversions on the host, without CUDA headers. float_to_* round

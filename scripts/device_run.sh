@@ -3,13 +3,14 @@
 # sweep, the Table 2 ablation and the SDPA peers, logs under $OUT, a short
 # summary last. Binaries are built on the workstation and carried in .device/
 # (scripts/stage_device.sh).
-#   scripts/device_run.sh [stage ...]   stages: test sanitize bench ablation compare (default: all)
+#   scripts/device_run.sh [stage ...]   stages: test sanitize bench bwd ablation compare (default: all)
+# FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flash3-out}
 mkdir -p "$OUT"
 B=.device
-stages=${*:-test sanitize bench ablation compare}
+stages=${*:-test sanitize bench bwd ablation compare}
 export PYTHONUNBUFFERED=1
 summary=()
 has() { [[ " $stages " == *" $1 "* ]]; }
@@ -18,7 +19,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,driver_version -
 echo "commit $(cat $B/COMMIT 2>/dev/null)" | tee -a "$OUT/gpu.txt"
 
 if has test; then
-  timeout 300 $B/test_gpu --gtest_brief=1 >"$OUT/test_gpu.log" 2>&1
+  timeout 300 $B/test_gpu --gtest_brief=1 --gtest_filter="${FLASH3_TEST_FILTER:-*}" >"$OUT/test_gpu.log" 2>&1
   rc=$?
   summary+=("test_gpu rc=$rc: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_gpu.log" | tr '\n' ' ')")
   grep -E "FAILED|Failure|error" "$OUT/test_gpu.log" | head -20
@@ -29,8 +30,12 @@ if has sanitize; then
   # than SMs, which claims tiles dynamically.
   small="--seqlen 200 --tokens 400 --hidden 256 --hdim 64,128,256 --reps 1"
   dynamic="--seqlen 2048 --tokens 8192 --hidden 512 --hdim 128 --causal 1 --reps 1 --no-check"
+  # The backward kernels (preprocess, main, postprocess), GQA so that the
+  # per-head dK/dV sum runs too, and deterministic mode's semaphores.
+  bwd="--pass bwd --seqlen 200 --tokens 400 --hidden 256 --hdim 64,128 --gqa 2 --reps 1"
+  bwd_det="--pass bwd --seqlen 300 --tokens 300 --hidden 128 --hdim 128 --causal 1 --deterministic --reps 1"
   for tool in memcheck racecheck synccheck; do
-    for args in "$small" "$dynamic"; do
+    for args in "$small" "$dynamic" "$bwd" "$bwd_det"; do
       timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/flash3-bench $args >>"$OUT/sanitize.log" 2>&1
       summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
     done
@@ -42,18 +47,25 @@ if has bench; then
   summary+=("bench rc=$?")
 fi
 
+if has bwd; then
+  timeout 400 $B/flash3-bench --pass bwd --hdim 64,128 --json "$OUT/bench_bwd.json" >"$OUT/bench_bwd.txt" 2>"$OUT/bench_bwd.err"
+  summary+=("bench bwd rc=$?")
+fi
+
 if has ablation; then
   timeout 120 $B/flash3-bench --ablation --json "$OUT/ablation.json" >"$OUT/ablation.txt" 2>&1
   summary+=("ablation rc=$?")
 fi
 
-if has compare && [ -f "$OUT/bench.json" ]; then
-  timeout 300 python3 bench/compare_sdpa.py --flash3-json "$OUT/bench.json" >"$OUT/compare.txt" 2>"$OUT/compare.err"
+jsons=$(ls "$OUT"/bench.json "$OUT"/bench_bwd.json 2>/dev/null)
+if has compare && [ -n "$jsons" ]; then
+  timeout 400 python3 bench/compare_sdpa.py --flash3-json $jsons >"$OUT/compare.txt" 2>"$OUT/compare.err"
   summary+=("compare rc=$?")
 fi
 
 echo
 for f in ablation.txt compare.txt; do [ -f "$OUT/$f" ] && { echo "== $f"; grep -E '^\||beats|device' "$OUT/$f"; }; done
 [ -f "$OUT/bench.txt" ] && [ ! -f "$OUT/compare.txt" ] && { echo "== bench.txt"; grep '^|' "$OUT/bench.txt"; }
+[ -f "$OUT/bench_bwd.txt" ] && [ ! -f "$OUT/compare.txt" ] && { echo "== bench_bwd.txt"; grep '^|' "$OUT/bench_bwd.txt"; }
 echo "== summary"
 printf '%s\n' "${summary[@]}"

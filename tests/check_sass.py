@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Checks the compiled forward kernels' machine code, without a GPU.
+"""Checks the compiled attention kernels' machine code, without a GPU.
 
-Every forward kernel must use the Hopper paths the design relies on: HGMMA
-(warpgroup MMA), UTMALDG/UTMASTG (TMA), USETMAXREG (setmaxnreg); and no
+Every forward and backward kernel must use the Hopper paths the design relies
+on: HGMMA (warpgroup MMA), UTMALDG (TMA loads), USETMAXREG (setmaxnreg), and
+TMA for its output (UTMASTG: the forward's O; UTMAREDG: the backward's dQ
+reduce-add); and no
 mainloop (an innermost loop that issues HGMMA) may touch local memory
 (LDL/STL: register spills or stack arrays). Local memory outside the mainloops
 is listed, so that it stays visible.
@@ -13,7 +15,15 @@ import re
 import subprocess
 import sys
 
-REQUIRED = ("HGMMA", "UTMALDG", "UTMASTG", "USETMAXREG")
+REQUIRED = {
+    "forward_kernel": ("HGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"),
+    "backward_kernel": ("HGMMA", "UTMALDG", "UTMAREDG", "USETMAXREG"),
+}
+
+
+def kind(name):
+    """The REQUIRED key of a checked kernel, or None."""
+    return next((k for k in REQUIRED if k in name), None)
 LOCAL = re.compile(r"\b(LDL|STL)(\.|\s)")
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 BRANCH = re.compile(r"\bBRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))")
@@ -66,13 +76,13 @@ def check(objects, cuobjdump, nvdisasm):
     for obj in objects:
         usage = run(cuobjdump, ["-res-usage", obj], env)
         for name, stack, local in re.findall(r"Function (\S+):\s*REG:\d+ STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", usage):
-            if "forward_kernel" in name and (stack != "0" or local != "0"):
+            if kind(name) and (stack != "0" or local != "0"):
                 notes.append(f"{obj}: {name}: STACK:{stack} LOCAL:{local}")
         for name, body in functions(run(cuobjdump, ["-sass", obj], env)):
-            if "forward_kernel" not in name:
+            if not kind(name):
                 continue
             kernels += 1
-            missing = [op for op in REQUIRED if op not in body]
+            missing = [op for op in REQUIRED[kind(name)] if op not in body]
             if missing:
                 failures.append(f"{obj}: {name}: no {', '.join(missing)}")
             code, loops = mainloops(body)
@@ -97,7 +107,7 @@ def main():
         print("note", n)
     for f in failures:
         print("FAIL", f)
-    print(f"checked {kernels} forward kernels in {len(args.objects)} objects: {len(failures)} problems")
+    print(f"checked {kernels} attention kernels in {len(args.objects)} objects: {len(failures)} problems")
     return 1 if failures or kernels == 0 else 0
 
 

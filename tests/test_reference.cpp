@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "reference.h"
@@ -126,6 +127,47 @@ TEST(ReferenceCpu, MatchesNaiveFormulation) {
         ASSERT_EQ(got.lse[i], kInf) << "lse[" << i << "]";
       } else {
         ASSERT_NEAR(got.lse[i], want.lse[i], 1e-12) << "lse[" << i << "]";
+      }
+    }
+  }
+}
+
+// The backward reference against central finite differences of the forward
+// reference: for L = sum(O o dO), dL/dx ~ (L(x + h) - L(x - h)) / 2h for every
+// element x of Q, K and V.
+TEST(ReferenceCpuBackward, MatchesFiniteDifferences) {
+  const AttentionShape shapes[] = {
+      {1, 4, 4, 2, 2, 3, 0.0f, false},
+      {1, 5, 3, 4, 2, 4, 0.6f, true},  // causal, seqlen_q > seqlen_k (rows that see nothing), GQA
+      {2, 3, 6, 2, 1, 2, 0.0f, true},  // causal, seqlen_q < seqlen_k, MQA
+  };
+  unsigned seed = 11;
+  for (const AttentionShape& s : shapes) {
+    SCOPED_TRACE(describe(s));
+    Problem p = random_problem(s, seed++);
+    std::vector<double> dout(p.q.size());
+    std::mt19937 rng(seed++);
+    std::uniform_real_distribution<double> dist(-1.0, 1.0);
+    for (double& x : dout) x = dist(rng);
+    std::vector<double> dq(p.q.size()), dk(p.k.size()), dv(p.v.size());
+    flash3::reference::attention_backward_cpu(s, p.q.data(), p.k.data(), p.v.data(), dout.data(), dq.data(),
+                                              dk.data(), dv.data());
+    auto loss = [&]() {
+      const Result r = run_reference(s, p);
+      double l = 0;
+      for (size_t i = 0; i < r.o.size(); ++i) l += r.o[i] * dout[i];
+      return l;
+    };
+    const double h = 1e-6;
+    for (auto [x, grad, name] : {std::tuple{&p.q, &dq, "dq"}, std::tuple{&p.k, &dk, "dk"}, std::tuple{&p.v, &dv, "dv"}}) {
+      for (size_t i = 0; i < x->size(); ++i) {
+        const double saved = (*x)[i];
+        (*x)[i] = saved + h;
+        const double up = loss();
+        (*x)[i] = saved - h;
+        const double down = loss();
+        (*x)[i] = saved;
+        ASSERT_NEAR((*grad)[i], (up - down) / (2 * h), 1e-7) << name << "[" << i << "]";
       }
     }
   }

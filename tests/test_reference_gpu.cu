@@ -204,6 +204,68 @@ const Case kCases[] = {
 INSTANTIATE_TEST_SUITE_P(Shapes, ReferenceGpuVsCpu, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
+// The GPU backward reference against the float64 CPU one, on the same
+// (rounded) inputs and a strided dO.
+TEST(ReferenceGpuBackward, MatchesCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  // AttentionShape: batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, scale, causal.
+  const std::pair<DType, AttentionShape> cases[] = {
+      {DType::kBF16, {2, 7, 7, 2, 2, 64, 0.0f, false}},   {DType::kFP16, {1, 113, 200, 4, 1, 128, 0.0f, true}},
+      {DType::kBF16, {1, 150, 40, 4, 2, 96, 0.5f, true}},  {DType::kFP16, {2, 1, 300, 2, 2, 40, 0.0f, true}},
+      {DType::kBF16, {1, 5, 0, 2, 2, 64, 0.0f, false}},   {DType::kFP16, {1, 260, 260, 2, 2, 256, 0.0f, false}},
+  };
+  for (const auto& [dtype, s] : cases) {
+    SCOPED_TRACE(std::to_string(s.seqlen_q) + "x" + std::to_string(s.seqlen_k) + " d" + std::to_string(s.head_dim));
+    const int64_t d = s.head_dim;
+    const int64_t nq = s.batch * s.seqlen_q * s.heads_q * d, nk = s.batch * s.seqlen_k * s.heads_kv * d;
+    std::mt19937 rng(99);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<uint16_t> bits(2 * nq + 2 * nk);
+    std::vector<double> vals(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) {
+      bits[i] = to_bits(dist(rng), dtype);
+      vals[i] = from_bits(bits[i], dtype);
+    }
+    // Layout in one buffer: Q, K, V, dO, each dense.
+    DeviceBuffer<uint16_t> in(bits.size());
+    DeviceBuffer<float> out32(nq + 2 * nk), out_low(nq + 2 * nk);
+    if (!bits.empty()) {
+      CUDA_OK(cudaMemcpy(in.ptr, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+    }
+    auto tensor = [&](int64_t offset, int64_t seqlen, int64_t heads) {
+      return flash3::contiguous<const void*>(in.ptr + offset, seqlen, heads, d);
+    };
+    const auto tq = tensor(0, s.seqlen_q, s.heads_q), tk = tensor(nq, s.seqlen_k, s.heads_kv),
+               tv = tensor(nq + nk, s.seqlen_k, s.heads_kv), tdo = tensor(nq + 2 * nk, s.seqlen_q, s.heads_q);
+    for (float* p : {out32.ptr, out_low.ptr}) {
+      if (p) CUDA_OK(cudaMemset(p, 0xff, (nq + 2 * nk) * sizeof(float)));
+    }
+    CUDA_OK(flash3::reference::attention_backward_gpu(s, dtype, tq, tk, tv, tdo, out32.ptr, out32.ptr + nq,
+                                                      out32.ptr + nq + nk, false, nullptr));
+    CUDA_OK(flash3::reference::attention_backward_gpu(s, dtype, tq, tk, tv, tdo, out_low.ptr, out_low.ptr + nq,
+                                                      out_low.ptr + nq + nk, true, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> h32(nq + 2 * nk), hlow(nq + 2 * nk);
+    if (!h32.empty()) {
+      CUDA_OK(cudaMemcpy(h32.data(), out32.ptr, h32.size() * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(hlow.data(), out_low.ptr, hlow.size() * 4, cudaMemcpyDeviceToHost));
+    }
+    std::vector<double> ref(nq + 2 * nk);
+    flash3::reference::attention_backward_cpu(s, vals.data(), vals.data() + nq, vals.data() + nq + nk,
+                                              vals.data() + nq + 2 * nk, ref.data(), ref.data() + nq,
+                                              ref.data() + nq + nk);
+    double ref_max = 0, err32 = 0, err_low = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(h32[i]) && std::isfinite(hlow[i])) << "gradient element " << i << " not written";
+      ref_max = std::max(ref_max, std::fabs(ref[i]));
+      err32 = std::max(err32, std::fabs(h32[i] - ref[i]));
+      err_low = std::max(err_low, std::fabs(hlow[i] - ref[i]));
+    }
+    EXPECT_LE(err32, 1e-4 * std::max(1.0, ref_max));
+    EXPECT_LE(err_low, 0.05 * std::max(1.0, ref_max));  // dtype rounding of P, dP, dS: coarse but bounded
+  }
+}
+
 // One row whose rounding is worked out by hand in bf16, with each rounding
 // step visible in the result. S = q.k = (0, 0, 1 + 101/1024) rounds to
 // (0, 0, 1 + 13/128); P = softmax(S) rounds to bf16; with V = (3, 0, -1)

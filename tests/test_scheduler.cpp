@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "common/tile_scheduler.h"
+#include "bwd/query_range.h"
 #include "fwd/block_range.h"
 
 namespace {
@@ -93,6 +95,54 @@ TEST(BlockRange, MatchesBruteForce) {
                   << causal << " " << bn << " " << sq << " " << sk << " " << m;
               ASSERT_GE(got.n_block_mask, want.n_block_mask - 1);
             }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The backward's query blocks for a key block, against a scan of every
+// (query, key) pair.
+TEST(QueryRange, MatchesBruteForce) {
+  int const bm = 64, bn = 128;
+  for (bool causal : {false, true}) {
+    for (int sq : {1, 7, 64, 200, 513}) {
+      for (int sk : {1, 7, 128, 200, 513, 1000}) {
+        for (int n = 0; n * bn < sk; ++n) {
+          flash3::bwd::QueryRange const got = flash3::bwd::query_range(n, bm, bn, sq, sk, flash3::div_up(sq, bm), causal);
+          int lo = -1, hi = -1, first_unmasked = -1;
+          for (int m = 0; m * bm < sq; ++m) {
+            bool any_visible = false, any_masked = false;
+            for (int i = m * bm; i < std::min(sq, (m + 1) * bm); ++i) {
+              for (int j = n * bn; j < (n + 1) * bn; ++j) {
+                bool const visible = j < sk && (!causal || j <= i + sk - sq);
+                any_visible |= visible;
+                any_masked |= !visible;
+              }
+            }
+            if (any_visible && lo < 0) lo = m;
+            if (any_visible) hi = m + 1;
+            if (any_visible && !any_masked && first_unmasked < 0) first_unmasked = m;
+          }
+          std::string const where = std::to_string(causal) + " sq " + std::to_string(sq) + " sk " +
+                                    std::to_string(sk) + " n " + std::to_string(n);
+          if (lo < 0) {
+            ASSERT_TRUE(got.empty()) << where;
+            continue;
+          }
+          ASSERT_EQ(got.m_block_min, lo) << where;
+          ASSERT_EQ(got.m_block_max, hi) << where;
+          // Blocks below m_block_mask get the causal mask (the last, partial
+          // key block always does); every block with a masked pair must.
+          bool const partial = (n + 1) * bn > sk;
+          if (!partial && first_unmasked >= 0) ASSERT_LE(got.m_block_mask, first_unmasked) << where;
+          for (int m = lo; m < hi && !partial; ++m) {
+            bool masked_pair = false;
+            for (int i = m * bm; i < std::min(sq, (m + 1) * bm); ++i) {
+              for (int j = n * bn; j < (n + 1) * bn; ++j) masked_pair |= causal && j > i + sk - sq;
+            }
+            if (masked_pair) ASSERT_LT(m, got.m_block_mask) << where << " m " << m;
           }
         }
       }

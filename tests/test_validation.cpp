@@ -126,4 +126,108 @@ TEST(Validation, ForwardRejectsBeforeTouchingTheDevice) {
   EXPECT_EQ(s.message().rfind("head_dim", 0), 0u);
 }
 
+// ------------------------------------------------------------------ backward
+
+flash3::BackwardArgs valid_backward_args() {
+  ForwardArgs const f = valid_args();
+  flash3::BackwardArgs a;
+  a.batch = f.batch;
+  a.seqlen_q = f.seqlen_q;
+  a.seqlen_k = f.seqlen_k;
+  a.heads_q = f.heads_q;
+  a.heads_kv = f.heads_kv;
+  a.head_dim = f.head_dim;
+  a.q = f.q;
+  a.k = f.k;
+  a.v = f.v;
+  auto fake = [](uintptr_t addr) { return reinterpret_cast<void*>(addr); };
+  a.o = flash3::contiguous<const void*>(fake(0x40000), a.seqlen_q, a.heads_q, a.head_dim);
+  a.dout = flash3::contiguous<const void*>(fake(0x50000), a.seqlen_q, a.heads_q, a.head_dim);
+  a.lse = reinterpret_cast<const float*>(0x60000);
+  a.dq = flash3::contiguous<void*>(fake(0x70000), a.seqlen_q, a.heads_q, a.head_dim);
+  a.dk = flash3::contiguous<void*>(fake(0x80000), a.seqlen_k, a.heads_kv, a.head_dim);
+  a.dv = flash3::contiguous<void*>(fake(0x90000), a.seqlen_k, a.heads_kv, a.head_dim);
+  return a;
+}
+
+void expect_invalid_backward(std::function<void(flash3::BackwardArgs&)> const& edit, std::string const& names) {
+  flash3::BackwardArgs a = valid_backward_args();
+  edit(a);
+  Status s = flash3::validate(a);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << names;
+  EXPECT_EQ(s.message().rfind(names, 0), 0u) << "message '" << s.message() << "' should start with '" << names << "'";
+}
+
+TEST(BackwardValidation, ValidArgumentsPass) {
+  EXPECT_TRUE(flash3::validate(valid_backward_args()).ok());
+  for (int d : {64, 96}) {
+    flash3::BackwardArgs a = valid_backward_args();
+    a.head_dim = d;
+    for (auto* t : {&a.q.seq_stride, &a.k.seq_stride, &a.v.seq_stride, &a.o.seq_stride, &a.dout.seq_stride,
+                    &a.dq.seq_stride, &a.dk.seq_stride, &a.dv.seq_stride}) {
+      *t = 8 * d;
+    }
+    EXPECT_TRUE(flash3::validate(a).ok()) << d;
+  }
+}
+
+TEST(BackwardValidation, SharedChecks) {
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.batch = -1; }, "batch");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.heads_kv = 3; }, "heads_kv");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.head_dim = 80; }, "head_dim");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.head_dim = 256; }, "head_dim");  // not built for backward
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.softmax_scale = NAN; }, "softmax_scale");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dtype = static_cast<flash3::DType>(9); }, "dtype");
+}
+
+TEST(BackwardValidation, TensorsOfTheBackward) {
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.o.data = nullptr; }, "o.data");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dout.data = nullptr; }, "dout.data");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dout.seq_stride = 1001; }, "dout.seq_stride");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dq.data = nullptr; }, "dq.data");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dq.dim_stride = 2; }, "dq.dim_stride");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dk.head_stride = 12; }, "dk.head_stride");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dv.batch_stride = -8; }, "dv.batch_stride");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dv.data = reinterpret_cast<void*>(0x90004); }, "dv.data");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.lse = nullptr; }, "lse");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.lse = reinterpret_cast<const float*>(0x60002); }, "lse");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.workspace = reinterpret_cast<void*>(0xa0010); },
+                          "workspace");
+}
+
+TEST(BackwardValidation, EmptyProblems) {
+  flash3::BackwardArgs a = valid_backward_args();
+  a.batch = 0;
+  a.q.data = a.dq.data = nullptr;
+  EXPECT_TRUE(flash3::validate(a).ok());
+  EXPECT_EQ(flash3::backward_workspace_size(a), 0u);
+  a = valid_backward_args();
+  a.seqlen_q = 0;  // dK = dV = 0 are still written
+  a.q.data = a.o.data = a.dout.data = a.dq.data = nullptr;
+  a.lse = nullptr;
+  EXPECT_TRUE(flash3::validate(a).ok());
+  a.dk.data = nullptr;
+  EXPECT_EQ(flash3::validate(a).code(), Status::Code::kInvalidArgument);
+}
+
+TEST(BackwardValidation, WorkspaceSize) {
+  flash3::BackwardArgs a = valid_backward_args();
+  size_t const base = flash3::backward_workspace_size(a);
+  // dQ accumulator (2 x 8 heads x 128 padded rows x 128 fp32) plus LSE and D, plus per-query-head dK, dV (GQA).
+  EXPECT_GE(base, size_t(2 * 8 * 128 * 128 * 4 + 2 * 2 * 8 * 128 * 4 + 2 * 2 * 8 * 300 * 128 * 4));
+  a.heads_kv = a.heads_q;
+  size_t const mha = flash3::backward_workspace_size(a);
+  EXPECT_LT(mha, base);  // MHA writes dK, dV directly
+  a.deterministic = true;  // + the semaphores
+  EXPECT_GT(flash3::backward_workspace_size(a), mha);
+}
+
+TEST(BackwardValidation, BackwardRejectsBeforeTouchingTheDevice) {
+  flash3::BackwardArgs a = valid_backward_args();
+  a.dk.data = nullptr;
+  Status s = flash3::backward(a, nullptr);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("dk.data", 0), 0u);
+}
+
 }  // namespace

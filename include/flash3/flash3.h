@@ -9,6 +9,7 @@
 // and V into the same buffer with the packed strides.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -106,5 +107,55 @@ Status validate(const ForwardArgs& args);
 // the kernel on `stream`. Asynchronous: errors of the kernel itself surface at
 // the next synchronization, as with any CUDA launch.
 Status forward(const ForwardArgs& args, cudaStream_t stream);
+
+// The gradients of forward(): dQ, dK, dV from dO, for training.
+struct BackwardArgs {
+  DType dtype = DType::kBF16;
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t heads_q = 0;
+  int64_t heads_kv = 0;
+  int64_t head_dim = 0;  // 64, 96 or 128
+
+  // The forward's inputs and output, and the gradient of the output, all in
+  // `dtype` and laid out as in ForwardArgs.
+  ConstTensor q;     // [batch, seqlen_q, heads_q, head_dim]
+  ConstTensor k;     // [batch, seqlen_k, heads_kv, head_dim]
+  ConstTensor v;     // [batch, seqlen_k, heads_kv, head_dim]
+  ConstTensor o;     // [batch, seqlen_q, heads_q, head_dim]
+  ConstTensor dout;  // [batch, seqlen_q, heads_q, head_dim]: dLoss/dO
+  // The forward's LSE: float32 [batch, heads_q, seqlen_q], contiguous.
+  const float* lse = nullptr;
+
+  // Outputs in `dtype`. With GQA/MQA, dK and dV are summed over the query
+  // heads that share a K/V head.
+  MutableTensor dq;  // [batch, seqlen_q, heads_q, head_dim]
+  MutableTensor dk;  // [batch, seqlen_k, heads_kv, head_dim]
+  MutableTensor dv;  // [batch, seqlen_k, heads_kv, head_dim]
+
+  float softmax_scale = 0.0f;  // as in ForwardArgs: 0 selects 1/sqrt(head_dim)
+  bool causal = false;
+
+  // dQ is summed over key blocks in global memory. By default the order of
+  // that sum varies between runs (last bits of dQ differ); deterministic mode
+  // fixes the order, so runs are bitwise identical, at some speed.
+  bool deterministic = false;
+
+  // Scratch memory of backward_workspace_size(args) bytes, 256-byte aligned,
+  // owned by the caller (e.g. allocated once outside a captured CUDA graph).
+  // nullptr: backward() allocates and frees it on `stream` (stream-ordered
+  // cudaMallocAsync, which graph capture also supports).
+  void* workspace = nullptr;
+};
+
+// Bytes of workspace backward() needs for these sizes (0 for an empty problem).
+size_t backward_workspace_size(const BackwardArgs& args);
+
+// As validate(ForwardArgs), plus dO, LSE, dQ/dK/dV and the workspace.
+Status validate(const BackwardArgs& args);
+
+// Validates, then enqueues the backward kernels on `stream` (asynchronous).
+Status backward(const BackwardArgs& args, cudaStream_t stream);
 
 }  // namespace flash3

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "flash3/flash3.h"
 
@@ -43,31 +44,45 @@ Status check_tensor(char const* name, TensorRef<Pointer> const& t, int64_t seqle
   return Status();
 }
 
-}  // namespace
-
-Status validate(ForwardArgs const& a) {
-  if (a.dtype != DType::kBF16 && a.dtype != DType::kFP16) return invalid("dtype: must be kBF16 or kFP16");
+// The sizes, head dim and scale both passes share.
+Status check_problem(DType dtype, int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
+                     int64_t heads_kv, int64_t head_dim, float softmax_scale) {
+  if (dtype != DType::kBF16 && dtype != DType::kFP16) return invalid("dtype: must be kBF16 or kFP16");
   struct Size {
     char const* name;
     int64_t value;
   };
-  for (Size const& s : {Size{"batch", a.batch}, Size{"seqlen_q", a.seqlen_q}, Size{"seqlen_k", a.seqlen_k}}) {
+  for (Size const& s : {Size{"batch", batch}, Size{"seqlen_q", seqlen_q}, Size{"seqlen_k", seqlen_k}}) {
     if (s.value < 0) return invalid(std::string(s.name) + ": must not be negative");
     if (s.value > kMaxExtent) return invalid(std::string(s.name) + ": must be below 2^31");
   }
-  for (Size const& s : {Size{"heads_q", a.heads_q}, Size{"heads_kv", a.heads_kv}}) {
+  for (Size const& s : {Size{"heads_q", heads_q}, Size{"heads_kv", heads_kv}}) {
     if (s.value < 1) return invalid(std::string(s.name) + ": must be at least 1");
     if (s.value > kMaxExtent) return invalid(std::string(s.name) + ": must be below 2^31");
   }
-  if (a.heads_q % a.heads_kv != 0) return invalid("heads_kv: must divide heads_q (MHA, GQA or MQA)");
-  switch (a.head_dim) {
+  if (heads_q % heads_kv != 0) return invalid("heads_kv: must divide heads_q (MHA, GQA or MQA)");
+  switch (head_dim) {
     case 64: case 96: case 128: case 192: case 256: break;
-    default: return invalid("head_dim: must be 64, 96, 128, 192 or 256, got " + std::to_string(a.head_dim));
+    default: return invalid("head_dim: must be 64, 96, 128, 192 or 256, got " + std::to_string(head_dim));
   }
-  if (!std::isfinite(a.softmax_scale)) return invalid("softmax_scale: must be finite (0 selects 1/sqrt(head_dim))");
+  if (!std::isfinite(softmax_scale)) return invalid("softmax_scale: must be finite (0 selects 1/sqrt(head_dim))");
   // (m_blocks * heads * batch) tiles are counted in 32 bits; 64 is the smallest block M.
-  if (((a.seqlen_q + 63) / 64) * a.heads_q * a.batch > kMaxExtent) {
+  if (((seqlen_q + 63) / 64) * heads_q * batch > kMaxExtent) {
     return invalid("batch: batch * heads_q * seqlen_q / 64 must be below 2^31");
+  }
+  if (((seqlen_k + 63) / 64) * heads_q * batch > kMaxExtent) {
+    return invalid("batch: batch * heads_q * seqlen_k / 64 must be below 2^31");
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status validate(ForwardArgs const& a) {
+  if (Status s = check_problem(a.dtype, a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim,
+                               a.softmax_scale);
+      !s.ok()) {
+    return s;
   }
   if (a.batch == 0 || a.seqlen_q == 0) return Status();  // nothing to compute or write
   if (Status s = check_tensor("q", a.q, a.seqlen_q, a.heads_q, a.batch); !s.ok()) return s;
@@ -77,6 +92,34 @@ Status validate(ForwardArgs const& a) {
     if (Status s = check_tensor("v", a.v, a.seqlen_k, a.heads_kv, a.batch); !s.ok()) return s;
   }
   if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
+  return Status();
+}
+
+Status validate(BackwardArgs const& a) {
+  if (Status s = check_problem(a.dtype, a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim,
+                               a.softmax_scale);
+      !s.ok()) {
+    return s;
+  }
+  if (a.head_dim > 128) {
+    return invalid("head_dim: the backward pass supports 64, 96 and 128, got " + std::to_string(a.head_dim));
+  }
+  if (a.batch == 0 || (a.seqlen_q == 0 && a.seqlen_k == 0)) return Status();  // no gradient to write
+  if (a.seqlen_q > 0) {
+    for (auto const& [name, t] : {std::pair{"q", a.q}, std::pair{"o", a.o}, std::pair{"dout", a.dout}}) {
+      if (Status s = check_tensor(name, t, a.seqlen_q, a.heads_q, a.batch); !s.ok()) return s;
+    }
+    if (Status s = check_tensor("dq", a.dq, a.seqlen_q, a.heads_q, a.batch); !s.ok()) return s;
+    if (a.lse == nullptr) return invalid("lse: null pointer (the forward's LSE is needed)");
+    if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
+  }
+  if (a.seqlen_k > 0) {
+    if (Status s = check_tensor("k", a.k, a.seqlen_k, a.heads_kv, a.batch); !s.ok()) return s;
+    if (Status s = check_tensor("v", a.v, a.seqlen_k, a.heads_kv, a.batch); !s.ok()) return s;
+    if (Status s = check_tensor("dk", a.dk, a.seqlen_k, a.heads_kv, a.batch); !s.ok()) return s;
+    if (Status s = check_tensor("dv", a.dv, a.seqlen_k, a.heads_kv, a.batch); !s.ok()) return s;
+  }
+  if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0) return invalid("workspace: must be 256-byte aligned");
   return Status();
 }
 

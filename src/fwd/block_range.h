@@ -5,12 +5,9 @@
 // column j iff j <= i + (seqlen_k - seqlen_q).
 #pragma once
 
-#include "common/tile_scheduler.h"  // FLASH3_HOST_DEVICE
+#include "common/int_math.h"
 
 namespace flash3 {
-
-FLASH3_HOST_DEVICE int div_up(int a, int b) { return (a + b - 1) / b; }
-FLASH3_HOST_DEVICE int div_floor(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 struct BlockRange {
   int n_block_min;   // first key block visited

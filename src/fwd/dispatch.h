@@ -3,17 +3,13 @@
 // translation unit (fwd/instantiate.cu.in) that instantiates run_forward.
 #pragma once
 
-#include <cutlass/numeric_types.h>
-
 #include "api/device.h"
+#include "common/element.h"
 #include "flash3/flash3.h"
 #include "fwd/launch.h"
 #include "fwd/traits.h"
 
 namespace flash3::fwd {
-
-template <DType kDType>
-using ElementOf = std::conditional_t<kDType == DType::kBF16, cutlass::bfloat16_t, cutlass::half_t>;
 
 // The ablation variants (paper Table 2) are compiled for the configuration
 // the paper measures them on, bf16 with head dim 128, to keep builds short.

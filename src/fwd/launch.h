@@ -9,29 +9,11 @@
 #include <string>
 
 #include "api/device.h"
+#include "common/gmem_tensor.h"
 #include "flash3/flash3.h"
 #include "fwd/kernel.h"
 
 namespace flash3::fwd {
-
-// TMA needs every stride to be a multiple of 16 bytes, including those of
-// modes of size 1, which the caller may have left arbitrary: give those a
-// harmless valid value.
-inline int64_t tma_stride(int64_t extent, int64_t stride, int64_t head_dim) {
-  return extent == 1 ? head_dim : stride;
-}
-
-template <class Traits, class Pointer, class Element = typename Traits::Element>
-auto gmem_tensor(TensorRef<Pointer> const& t, int64_t seqlen, int64_t heads, int64_t batch) {
-  constexpr int kHeadDim = Traits::kHeadDim;
-  using Ptr = std::conditional_t<std::is_const_v<std::remove_pointer_t<Pointer>>, Element const*, Element*>;
-  // A sequence of length 0 (no keys) still needs a valid descriptor; no tile reads it.
-  int32_t const rows = int32_t(std::max<int64_t>(seqlen, 1));
-  return make_tensor(make_gmem_ptr(static_cast<Ptr>(t.data)),
-                     make_shape(rows, Int<kHeadDim>{}, int32_t(heads), int32_t(batch)),
-                     make_stride(tma_stride(seqlen, t.seq_stride, kHeadDim), _1{},
-                                 tma_stride(heads, t.head_stride, kHeadDim), tma_stride(batch, t.batch_stride, kHeadDim)));
-}
 
 template <class Traits>
 Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {

@@ -1,0 +1,20 @@
+// The one place where runtime arguments become template parameters of the
+// backward kernels. Each (dtype, head dim) is compiled in its own generated
+// translation unit (bwd/instantiate.cu.in).
+#pragma once
+
+#include "bwd/launch.h"
+#include "bwd/traits.h"
+#include "common/element.h"
+#include "flash3/flash3.h"
+
+namespace flash3::bwd {
+
+template <DType kDType, int kHeadDim>
+Status run_backward(BackwardArgs const& a, cudaStream_t stream) {
+  using Element = ElementOf<kDType>;
+  return a.causal ? launch_backward<BwdTraits<Element, kHeadDim, true>>(a, stream)
+                  : launch_backward<BwdTraits<Element, kHeadDim, false>>(a, stream);
+}
+
+}  // namespace flash3::bwd

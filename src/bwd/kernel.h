@@ -1,0 +1,97 @@
+// The FlashAttention-3 backward kernel (paper Algorithm 3): one CTA per
+// (key block j, query head, batch).
+//
+//   warpgroup 0, warp 0   producer: setmaxnreg down, TMA loads of K_j, V_j,
+//                         then Q_i, dO_i, LSE_i, D_i for each query block i
+//   warpgroup 0, warp 1   dq_writer: adds each dQ_i to global memory
+//   warpgroups 1, 2       consumers: setmaxnreg up, the five GEMMs per query
+//                         block, then dK_j and dV_j
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "bwd/epilogue.h"
+#include "bwd/mainloop.h"
+#include "bwd/traits.h"
+
+namespace flash3::bwd {
+
+template <class Traits>
+struct Kernel {
+  using MainloopT = Mainloop<Traits>;
+  using EpilogueT = Epilogue<Traits>;
+  using SharedStorage = typename Traits::SharedStorage;
+  using PipelineQdO = typename Traits::PipelineQdO;
+  using PipelinedQ = typename Traits::PipelinedQ;
+
+  struct Params {
+    typename MainloopT::Params mainloop;
+    typename EpilogueT::Params epilogue;
+  };
+
+  static constexpr int kNumThreads = Traits::kNumThreads;
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+
+  CUTE_DEVICE static void run(Params const& params, char* smem_buf) {
+    SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
+    int const warp_group = cutlass::canonical_warp_group_idx();
+    int const warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
+    int const n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+    auto const& mp = params.mainloop;
+    QueryRange const range = query_range(n_block, Traits::kBlockM, Traits::kBlockN, mp.seqlen_q, mp.seqlen_k,
+                                         mp.m_blocks, Traits::kCausal);
+
+    if (threadIdx.x == 0) {
+      MainloopT::prefetch_descriptors(mp);
+      smem.barrier_kv.init(/*arrive_count=*/1);
+    }
+    typename PipelineQdO::Params pipeline_params;
+    pipeline_params.transaction_bytes = MainloopT::kQdOBytes;
+    pipeline_params.role =
+        warp_group == 0 ? PipelineQdO::ThreadCategory::Producer : PipelineQdO::ThreadCategory::Consumer;
+    pipeline_params.is_leader = threadIdx.x == 0;
+    pipeline_params.num_consumers = Traits::kNumConsumerThreads;
+    PipelineQdO pipeline(smem.pipeline_qdo, pipeline_params, Shape<_1, _1, _1>{});
+    // dQ_i's buffer: the consumers fill it, the dq_writer empties it.
+    typename PipelinedQ::Params dq_params;
+    dq_params.role = warp_group == 0 ? PipelinedQ::ThreadCategory::Consumer : PipelinedQ::ThreadCategory::Producer;
+    dq_params.producer_arv_count = Traits::kNumConsumerThreads;
+    dq_params.consumer_arv_count = cutlass::NumThreadsPerWarp;
+    PipelinedQ pipeline_dq(smem.pipeline_dq, dq_params);
+    __syncthreads();  // barriers initialised before anyone waits on them
+
+    if (warp_group == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+      if (warp_in_group == 0) {
+        // Producer (lines 3-4, 6).
+        auto write = cutlass::make_producer_start_state<PipelineQdO>();
+        MainloopT::load(mp, smem, pipeline, write, n_block, head, batch, range, cute::elect_one_sync());
+      } else if (warp_in_group == 1) {
+        MainloopT::write_dq(mp, smem, pipeline_dq, n_block, head, batch, range,
+                            threadIdx.x % cutlass::NumThreadsPerWarp);
+      }
+    } else {
+      // Consumers (lines 5, 7-16).
+      cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+      int const thread_idx = threadIdx.x - cutlass::NumThreadsPerWarpGroup;
+      typename Traits::TiledMmadKV tiled_mma_dkv;
+      Tensor tdKrdK = partition_fragment_C(tiled_mma_dkv, select<0, 1>(typename Traits::TileShapedKV{}));
+      Tensor tdVrdV = partition_fragment_C(tiled_mma_dkv, select<0, 1>(typename Traits::TileShapedKV{}));
+      clear(tdKrdK);
+      clear(tdVrdV);
+      MainloopT::mma(mp, smem, pipeline, pipeline_dq, tdKrdK, tdVrdV, n_block, range, thread_idx);
+      EpilogueT::store(params.epilogue, tdKrdK, tdVrdV, n_block, head, batch, thread_idx);
+    }
+  }
+};
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
+    backward_kernel(CUTE_GRID_CONSTANT typename Kernel<Traits>::Params const params) {
+  extern __shared__ __align__(1024) char smem[];
+  Kernel<Traits>::run(params, smem);
+}
+
+}  // namespace flash3::bwd

@@ -1,0 +1,179 @@
+// Host side of the backward pass: workspace, preprocess, the main kernel's
+// TMA descriptors and grid, postprocess. Arguments have been validated.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <string>
+
+#include "api/device.h"
+#include "bwd/kernel.h"
+#include "bwd/postprocess.h"
+#include "bwd/preprocess.h"
+#include "bwd/workspace.h"
+#include "common/gmem_tensor.h"
+#include "flash3/flash3.h"
+
+namespace flash3::bwd {
+
+template <class Pointer>
+void strides_of(TensorRef<Pointer> const& t, int64_t (&s)[3]) {
+  s[0] = t.batch_stride;
+  s[1] = t.seq_stride;
+  s[2] = t.head_stride;
+}
+
+template <class Traits>
+cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout const& w, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  using KernelT = Kernel<Traits>;
+  float const scale = a.softmax_scale != 0.f ? a.softmax_scale : 1.f / std::sqrt(float(a.head_dim));
+  int const m_blocks = int(w.m_blocks);
+  int const n_blocks = int((a.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN);
+  int const group = int(a.heads_q / a.heads_kv);
+  float* dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  float* lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
+  float* dpsum = reinterpret_cast<float*>(ws + w.dpsum);
+  float* dk_accum = reinterpret_cast<float*>(ws + w.dk_accum);
+  float* dv_accum = reinterpret_cast<float*>(ws + w.dv_accum);
+  cudaError_t err = cudaSuccess;
+
+  if (a.seqlen_q == 0) {
+    // No query: dK = dV = 0.
+    SumGroupsParams<Element> z{};
+    z.dk = static_cast<Element*>(a.dk.data);
+    z.dv = static_cast<Element*>(a.dv.data);
+    strides_of(a.dk, z.dk_strides);
+    strides_of(a.dv, z.dv_strides);
+    z.elements = a.batch * a.seqlen_k * a.heads_kv * a.head_dim;
+    z.seqlen_k = int(a.seqlen_k);
+    z.heads_kv = int(a.heads_kv);
+    z.head_group = group;
+    z.head_dim = int(a.head_dim);
+    sum_groups_kernel<Element><<<unsigned((z.elements + 255) / 256), 256, 0, stream>>>(z);
+    return cudaGetLastError();
+  }
+
+  // Line 2: D and the LSE; the dQ accumulator (and the semaphores) cleared.
+  err = cudaMemsetAsync(ws + w.dq_accum, 0, w.lse_log2 - w.dq_accum, stream);
+  if (err == cudaSuccess && a.deterministic) err = cudaMemsetAsync(ws + w.semaphore, 0, w.dk_accum - w.semaphore, stream);
+  if (err != cudaSuccess) return err;
+  PreprocessParams<Element> pre{};
+  pre.o = static_cast<Element const*>(a.o.data);
+  pre.dout = static_cast<Element const*>(a.dout.data);
+  strides_of(a.o, pre.o_strides);
+  strides_of(a.dout, pre.do_strides);
+  pre.lse = a.lse;
+  pre.lse_log2 = lse_log2;
+  pre.dpsum = dpsum;
+  pre.padded_rows = m_blocks * Traits::kBlockM;
+  pre.rows = a.batch * a.heads_q * pre.padded_rows;
+  pre.seqlen_q = int(a.seqlen_q);
+  pre.num_heads = int(a.heads_q);
+  pre.head_dim = int(a.head_dim);
+  preprocess_kernel<Element><<<unsigned((pre.rows + 7) / 8), 256, 0, stream>>>(pre);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+
+  if (n_blocks > 0) {
+    typename KernelT::Params params;
+    auto& mp = params.mainloop;
+    using MainloopT = typename KernelT::MainloopT;
+    auto const q = gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch);
+    auto const dout = gmem_tensor<Traits>(a.dout, a.seqlen_q, a.heads_q, a.batch);
+    auto const k = gmem_tensor<Traits>(a.k, a.seqlen_k, a.heads_kv, a.batch);
+    auto const v = gmem_tensor<Traits>(a.v, a.seqlen_k, a.heads_kv, a.batch);
+    auto const tile_md = Shape<typename Traits::M, typename Traits::D>{};
+    auto const tile_nd = Shape<typename Traits::N, typename Traits::D>{};
+    mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{}), tile_md, _1{});
+    mp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename Traits::SmemLayoutQ{}), tile_md, _1{});
+    mp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::SmemLayoutK{}, tile_nd, _1{});
+    mp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::SmemLayoutV{}, tile_nd, _1{});
+    mp.dq_tiles = int(a.batch * a.heads_q * m_blocks);
+    Tensor dq_tensor = make_tensor(make_gmem_ptr(dq_accum),
+                                   make_layout(make_shape(_256{}, Int<Traits::kdQRows>{}, mp.dq_tiles), LayoutLeft{}));
+    mp.tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_tensor, typename Traits::SmemLayoutdQ{},
+                              typename Traits::TileShapedQAccum{}, _1{});
+    mp.shape_q = q.shape();
+    mp.shape_k = k.shape();
+    mp.dq_accum = dq_accum;
+    mp.lse_log2 = lse_log2;
+    mp.dpsum = dpsum;
+    mp.semaphore = a.deterministic ? reinterpret_cast<int*>(ws + w.semaphore) : nullptr;
+    mp.deterministic = a.deterministic;
+    mp.head_group = group;
+    mp.num_heads = int(a.heads_q);
+    mp.m_blocks = m_blocks;
+    mp.seqlen_q = int(a.seqlen_q);
+    mp.seqlen_k = int(a.seqlen_k);
+    mp.scale_log2 = scale * float(M_LOG2E);
+
+    auto& ep = params.epilogue;
+    ep.dk = static_cast<Element*>(a.dk.data);
+    ep.dv = static_cast<Element*>(a.dv.data);
+    strides_of(a.dk, ep.dk_strides);
+    strides_of(a.dv, ep.dv_strides);
+    ep.dk_accum = dk_accum;
+    ep.dv_accum = dv_accum;
+    ep.grouped = group > 1;
+    ep.seqlen_k = int(a.seqlen_k);
+    ep.num_heads_q = int(a.heads_q);
+    ep.softmax_scale = scale;
+
+    auto kernel = backward_kernel<Traits>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelT::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    dim3 const grid(n_blocks, unsigned(a.heads_q), unsigned(a.batch));
+    kernel<<<grid, KernelT::kNumThreads, KernelT::kSmemBytes, stream>>>(params);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+
+  PostprocessParams<Element> post{};
+  post.dq_accum = dq_accum;
+  post.dq = static_cast<Element*>(a.dq.data);
+  strides_of(a.dq, post.dq_strides);
+  post.seqlen_q = int(a.seqlen_q);
+  post.num_heads = int(a.heads_q);
+  post.m_blocks = m_blocks;
+  post.softmax_scale = scale;
+  postprocess_dq_kernel<Traits>
+      <<<dim3(m_blocks, unsigned(a.heads_q), unsigned(a.batch)), Traits::kNumConsumerThreads, 0, stream>>>(post);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+
+  if (group > 1 && a.seqlen_k > 0) {
+    SumGroupsParams<Element> sum{};
+    sum.dk_accum = dk_accum;
+    sum.dv_accum = dv_accum;
+    sum.dk = static_cast<Element*>(a.dk.data);
+    sum.dv = static_cast<Element*>(a.dv.data);
+    strides_of(a.dk, sum.dk_strides);
+    strides_of(a.dv, sum.dv_strides);
+    sum.elements = a.batch * a.seqlen_k * a.heads_kv * a.head_dim;
+    sum.seqlen_k = int(a.seqlen_k);
+    sum.heads_kv = int(a.heads_kv);
+    sum.head_group = group;
+    sum.head_dim = int(a.head_dim);
+    sum_groups_kernel<Element><<<unsigned((sum.elements + 255) / 256), 256, 0, stream>>>(sum);
+    err = cudaGetLastError();
+  }
+  return err;
+}
+
+// The workspace is the caller's, or allocated and freed here in stream order.
+template <class Traits>
+Status launch_backward(BackwardArgs const& a, cudaStream_t stream) {
+  WorkspaceLayout const w = workspace_layout(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim,
+                                             a.deterministic);
+  char* ws = static_cast<char*>(a.workspace);
+  cudaError_t err = cudaSuccess;
+  if (ws == nullptr && w.bytes > 0) err = cudaMallocAsync(reinterpret_cast<void**>(&ws), w.bytes, stream);
+  if (err == cudaSuccess) err = enqueue_backward<Traits>(a, ws, w, stream);
+  if (a.workspace == nullptr && ws != nullptr) {
+    cudaError_t const free_err = cudaFreeAsync(ws, stream);
+    if (err == cudaSuccess) err = free_err;
+  }
+  if (err != cudaSuccess) return Status(Status::Code::kCudaError, std::string("backward: ") + cudaGetErrorString(err));
+  return Status();
+}
+
+}  // namespace flash3::bwd

@@ -1,0 +1,289 @@
+// The backward mainloop (paper Algorithm 3): the producer's TMA loads, the
+// consumers' five GEMMs per query block, and the dq_writer's accumulation of
+// dQ into global memory.
+#pragma once
+
+#include <cuda/atomic>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "bwd/mask.h"
+#include "bwd/query_range.h"
+#include "bwd/traits.h"
+#include "common/layout.h"
+
+namespace flash3::bwd {
+
+template <class Traits>
+struct Mainloop {
+  using Element = typename Traits::Element;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kNumConsumerThreads = Traits::kNumConsumerThreads;
+  using SharedStorage = typename Traits::SharedStorage;
+  using PipelineQdO = typename Traits::PipelineQdO;
+  using PipelineState = typename PipelineQdO::PipelineState;
+  using PipelinedQ = typename Traits::PipelinedQ;
+  using PipelinedQState = typename PipelinedQ::PipelineState;
+
+  using GmemShape = typename Traits::GmemShape;
+  using GmemTensor = typename Traits::template GmemTensor<Element const>;
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(typename Traits::SmemLayoutQ{}),
+                                      Shape<typename Traits::M, typename Traits::D>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, typename Traits::SmemLayoutK{},
+                                      Shape<typename Traits::N, typename Traits::D>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, typename Traits::SmemLayoutV{},
+                                      Shape<typename Traits::N, typename Traits::D>{}, _1{}));
+  // The global dQ accumulator as (256, rows, tiles): one tile per (batch, head, m_block).
+  using dQAccumShape = Shape<_256, Int<Traits::kdQRows>, int32_t>;
+  using dQAccumTensor = decltype(make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)),
+                                             make_layout(dQAccumShape{}, LayoutLeft{})));
+  using TmadQ = decltype(make_tma_copy(SM90_TMA_REDUCE_ADD{}, dQAccumTensor{}, typename Traits::SmemLayoutdQ{},
+                                       typename Traits::TileShapedQAccum{}, _1{}));
+
+  static constexpr uint32_t kQdOBytes = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kBlockM * sizeof(float);
+  static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+
+  struct Params {
+    TmaQ tma_q;
+    TmaQ tma_do;
+    TmaK tma_k;
+    TmaV tma_v;
+    TmadQ tma_dq;
+    GmemShape shape_q;
+    GmemShape shape_k;
+    float* dq_accum;        // the same bytes the TMA reduce-add writes (deterministic mode adds itself)
+    float const* lse_log2;  // [batch, heads_q, m_blocks * kBlockM]
+    float const* dpsum;
+    int* semaphore;         // deterministic mode's turn counters
+    bool deterministic;
+    int head_group;
+    int num_heads;
+    int m_blocks;
+    int dq_tiles;  // batch * heads_q * m_blocks
+    int seqlen_q;
+    int seqlen_k;
+    float scale_log2;  // softmax_scale * log2(e)
+  };
+
+  CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
+    cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_dq.get_tma_descriptor());
+  }
+
+  CUTE_DEVICE static int row_tile(Params const& p, int batch, int head, int m_block) {
+    return (batch * p.num_heads + head) * p.m_blocks + m_block;
+  }
+
+  // ---------------------------------------------------------------- producer
+  // Algorithm 3, lines 3-4 and 6: K_j and V_j once, then Q_i, dO_i, LSE_i and
+  // D_i into the circular buffer. One warp; `leader` issues.
+  CUTE_DEVICE static void load(Params const& p, SharedStorage& smem, PipelineQdO& pipeline, PipelineState& write,
+                               int n_block, int head, int batch, QueryRange range, bool leader) {
+    int const head_kv = head / p.head_group;
+    Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
+    Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
+    Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
+    Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+    auto tile_md = Shape<typename Traits::M, typename Traits::D>{};
+    auto tile_nd = Shape<typename Traits::N, typename Traits::D>{};
+    Tensor gQ = local_tile(mQ(_, _, head, batch), tile_md, make_coord(_, _0{}));  // (M, d, m_blocks)
+    Tensor gdO = local_tile(mdO(_, _, head, batch), tile_md, make_coord(_, _0{}));
+    Tensor gK = local_tile(mK(_, _, head_kv, batch), tile_nd, make_coord(n_block, _0{}));
+    Tensor gV = local_tile(mV(_, _, head_kv, batch), tile_nd, make_coord(n_block, _0{}));
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});
+
+    auto tma_q = p.tma_q.get_slice(_0{});
+    auto tma_do = p.tma_do.get_slice(_0{});
+    auto tma_k = p.tma_k.get_slice(_0{});
+    auto tma_v = p.tma_v.get_slice(_0{});
+    Tensor tQgQ = tma_q.partition_S(gQ);  // (TMA, TMA_M, TMA_D, m_blocks)
+    Tensor tQsQ = tma_q.partition_D(sQ);  // (TMA, TMA_M, TMA_D, stages)
+    Tensor tdOgdO = tma_do.partition_S(gdO);
+    Tensor tdOsdO = tma_do.partition_D(sdO);
+
+    if (leader) {
+      smem.barrier_kv.arrive_and_expect_tx(kKVBytes);
+      auto& bar = reinterpret_cast<uint64_t&>(smem.barrier_kv);
+      copy(p.tma_k.with(bar), tma_k.partition_S(gK), tma_k.partition_D(sK));
+      copy(p.tma_v.with(bar), tma_v.partition_S(gV), tma_v.partition_D(sV));
+    }
+    for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
+      pipeline.producer_acquire(write);
+      if (leader) {
+        auto* bar = pipeline.producer_get_barrier(write);
+        int const stage = write.index();
+        copy(p.tma_q.with(*bar), tQgQ(_, _, _, m_block), tQsQ(_, _, _, stage));
+        copy(p.tma_do.with(*bar), tdOgdO(_, _, _, m_block), tdOsdO(_, _, _, stage));
+        int64_t const row0 = int64_t(row_tile(p, batch, head, m_block)) * kBlockM;
+        SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, bar, smem.lse_log2.data() + stage * kBlockM,
+                                 kBlockM * sizeof(float));
+        SM90_BULK_COPY_G2S::copy(p.dpsum + row0, bar, smem.dpsum.data() + stage * kBlockM, kBlockM * sizeof(float));
+      }
+      ++write;
+    }
+  }
+
+  // --------------------------------------------------------------- dq_writer
+  // Algorithm 3, line 14's accumulation, off the consumers' path: each dQ_i
+  // the consumers leave in shared memory is added to the global fp32
+  // accumulator with one TMA reduce-add. Deterministic mode instead takes the
+  // key blocks' turns in order (a semaphore per query block) and adds with
+  // plain loads and stores, so the sum's order is fixed.
+  CUTE_DEVICE static void write_dq(Params const& p, SharedStorage& smem, PipelinedQ& pipeline_dq, int n_block,
+                                   int head, int batch, QueryRange range, int lane) {
+    Tensor mdQ = p.tma_dq.get_tma_tensor(make_shape(_256{}, Int<Traits::kdQRows>{}, p.dq_tiles));
+    Tensor sdQ = make_tensor(make_smem_ptr(smem.dq.data()), typename Traits::SmemLayoutdQ{});
+    auto tma_dq = p.tma_dq.get_slice(_0{});
+    PipelinedQState read;
+    for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
+      pipeline_dq.consumer_wait(read);
+      int const tile = row_tile(p, batch, head, m_block);
+      if (p.deterministic) {
+        // Key blocks that visit query block m are 0, 1, ..., in that order.
+        int* turn = p.semaphore + tile;
+        if (lane == 0) {
+          while (cuda::atomic_ref<int, cuda::thread_scope_device>(*turn).load(cuda::memory_order_acquire) != n_block) {
+          }
+        }
+        __syncwarp();
+        __threadfence();
+        float4* dst = reinterpret_cast<float4*>(p.dq_accum + int64_t(tile) * Traits::kdQElements);
+        float4 const* src = reinterpret_cast<float4 const*>(smem.dq.data());
+        for (int i = lane; i < Traits::kdQElements / 4; i += cutlass::NumThreadsPerWarp) {
+          float4 a = dst[i];
+          float4 const b = src[i];
+          dst[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        }
+        __threadfence();
+        __syncwarp();
+        if (lane == 0) {
+          cuda::atomic_ref<int, cuda::thread_scope_device>(*turn).store(n_block + 1, cuda::memory_order_release);
+        }
+      } else {
+        if (lane == 0) {
+          copy(p.tma_dq, tma_dq.partition_S(sdQ), tma_dq.partition_D(mdQ(_, _, tile)));
+          tma_store_arrive();
+          tma_store_wait<0>();  // the buffer has been read
+        }
+        __syncwarp();
+      }
+      pipeline_dq.consumer_release(read);  // the buffer has been read
+      ++read;
+    }
+  }
+
+  // --------------------------------------------------------------- consumer
+  // Algorithm 3, lines 7-15 for every query block, dK_j and dV_j accumulated
+  // in registers. thread_idx counts the consumer threads from 0.
+  template <class FragdKV>
+  CUTE_DEVICE static void mma(Params const& p, SharedStorage& smem, PipelineQdO& pipeline, PipelinedQ& pipeline_dq,
+                              FragdKV& tdKrdK, FragdKV& tdVrdV, int n_block, QueryRange range, int thread_idx) {
+    typename Traits::TiledMmaSdP tiled_mma_sdp;
+    typename Traits::TiledMmadKV tiled_mma_dkv;
+    typename Traits::TiledMmadQ tiled_mma_dq;
+    auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(thread_idx);
+    auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(thread_idx);
+    auto thr_mma_dq = tiled_mma_dq.get_thread_slice(thread_idx);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{});
+    Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQt{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});
+    Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutdS{});
+    Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutdSt{});
+
+    Tensor tSrK = thr_mma_sdp.partition_fragment_A(sK);
+    Tensor tSrQ = thr_mma_sdp.partition_fragment_B(sQ);    // (MMA, MMA_N, MMA_K, stages)
+    Tensor tdPrV = thr_mma_sdp.partition_fragment_A(sV);
+    Tensor tdPrdO = thr_mma_sdp.partition_fragment_B(sdO);
+    Tensor tdVrdO = thr_mma_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stages)
+    Tensor tdKrQ = thr_mma_dkv.partition_fragment_B(sQt);
+    Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);    // (MMA, MMA_M, MMA_K, buffers)
+    Tensor tdQrK = thr_mma_dq.partition_fragment_B(sKt);
+    // dS^T to shared memory with stmatrix: the query mode (the accumulator's
+    // columns) is contiguous in sdSt.
+    auto r2s_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_sdp);
+    auto thr_r2s_ds = r2s_ds.get_thread_slice(thread_idx);
+    Tensor tdSsdS = thr_r2s_ds.partition_D(sdSt);           // (R2S, R2S_N, R2S_M, buffers)
+
+    // Each S^T element's (key, query) within the tile, for the mask and to
+    // find the query's LSE and D.
+    Tensor coords = thr_mma_sdp.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeSdP{})));
+    Mask<Traits::kCausal, kBlockM, kBlockN> const mask{p.seqlen_q, p.seqlen_k};
+    bool const last_partial = (n_block + 1) * kBlockN > p.seqlen_k;
+
+    PipelineState read;
+    auto write_dq = cutlass::make_producer_start_state<PipelinedQ>();
+    smem.barrier_kv.wait(0);
+    int buffer = 0;
+    for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
+      pipeline.consumer_wait(read);
+      int const stage = read.index();
+      // Lines 8 and 10: S^T = K Q_i^T and dP^T = V dO_i^T, issued together.
+      Tensor tSrS = partition_fragment_C(tiled_mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
+      Tensor tdPrdP = partition_fragment_C(tiled_mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
+      warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+      warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), tdPrdP);
+
+      // Line 9: P = exp(S - L), with the mask on the blocks that need it.
+      warpgroup_wait<1>();
+      if (last_partial || m_block < range.m_block_mask) mask.apply(tSrS, coords, m_block, n_block);
+      float const* lse_log2 = smem.lse_log2.data() + stage * kBlockM;
+      float const* dpsum = smem.dpsum.data() + stage * kBlockM;
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) {
+        tSrS(i) = exp2f(fmaf(tSrS(i), p.scale_log2, -lse_log2[get<1>(coords(i))]));
+      }
+      // Line 11: dS = P o (dP - D).
+      warpgroup_wait<0>();
+      CUTE_UNROLL
+      for (int i = 0; i < size(tdPrdP); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dpsum[get<1>(coords(i))]);
+
+      // Line 12: dV += P^T dO_i, P^T straight from registers.
+      Tensor rP = convert_fragment<Element>(tSrS);
+      Tensor tdVrP = make_tensor(rP.data(), accumulator_as_operand_a(rP.layout()));
+      warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, tdVrP, tdVrdO(_, _, _, stage), tdVrdV);
+
+      // dS^T to shared memory for the dQ GEMM, which needs all keys' rows.
+      Tensor rdS = convert_fragment<Element>(tdPrdP);
+      copy(r2s_ds, thr_r2s_ds.retile_S(rdS), tdSsdS(_, _, _, buffer));
+      cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by WGMMA (async proxy)
+      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kdSReady));
+
+      // Line 13: dK += dS^T Q_i. Line 14: dQ_i = dS K.
+      Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_operand_a(rdS.layout()));
+      warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), tdKrdK);
+      Tensor tdQrdQ = partition_fragment_C(tiled_mma_dq, select<0, 1>(typename Traits::TileShapedQ{}));
+      warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_dq, tdQrdS(_, _, _, buffer), tdQrK, tdQrdQ);
+      warpgroup_wait<0>();
+      pipeline.consumer_release(read);
+      ++read;
+      buffer ^= 1;
+
+      // dQ_i to shared memory for the dq_writer, once it has read the last one.
+      pipeline_dq.producer_acquire(write_dq);
+      CUTE_UNROLL
+      for (int i = 0; i < size(tdQrdQ); i += 4) {
+        *reinterpret_cast<float4*>(smem.dq.data() + dq_fragment_offset(thread_idx, i, kNumConsumerThreads)) =
+            make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3));
+      }
+      cutlass::arch::fence_view_async_shared();  // read by the TMA reduce-add (async proxy)
+      pipeline_dq.producer_commit(write_dq);
+      ++write_dq;
+    }
+  }
+};
+
+}  // namespace flash3::bwd

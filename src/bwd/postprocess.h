@@ -1,0 +1,88 @@
+// Backward postprocess: the fp32 dQ accumulator to dQ in the input dtype
+// (times the softmax scale), and for GQA/MQA the per-query-head dK, dV summed
+// over each K/V head's group.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "bwd/traits.h"
+
+namespace flash3::bwd {
+
+template <class Element>
+struct PostprocessParams {
+  float const* dq_accum;  // tiles in the dQ accumulators' register order
+  Element* dq;
+  int64_t dq_strides[3];  // batch, seq, head
+  int seqlen_q;
+  int num_heads;
+  int m_blocks;
+  float softmax_scale;
+};
+
+// One CTA per (m_block, head, batch), a thread per dQ GEMM thread: each reads
+// back the values that thread accumulated and knows their (row, column) from
+// the same MMA partition.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNumConsumerThreads)
+    postprocess_dq_kernel(PostprocessParams<typename Traits::Element> const p) {
+  using Element = typename Traits::Element;
+  int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  int const tid = threadIdx.x;
+  Tensor coords = typename Traits::TiledMmadQ{}.get_thread_slice(tid).partition_C(
+      make_identity_tensor(select<0, 1>(typename Traits::TileShapedQ{})));
+  int64_t const tile = (int64_t(batch) * p.num_heads + head) * p.m_blocks + m_block;
+  float const* src = p.dq_accum + tile * Traits::kdQElements;
+  Element* dq = p.dq + batch * p.dq_strides[0] + head * p.dq_strides[2];
+  CUTE_UNROLL
+  for (int i = 0; i < size(coords); i += 4) {
+    float4 const v = *reinterpret_cast<float4 const*>(src + dq_fragment_offset(tid, i, Traits::kNumConsumerThreads));
+    float const vals[4] = {v.x, v.y, v.z, v.w};
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      int const row = m_block * Traits::kBlockM + get<0>(coords(i + j));
+      if (row < p.seqlen_q) dq[row * p.dq_strides[1] + get<1>(coords(i + j))] = Element(vals[j] * p.softmax_scale);
+    }
+  }
+}
+
+template <class Element>
+struct SumGroupsParams {
+  float const* dk_accum;  // [batch, heads_q, seqlen_k, d]; nullptr: write zeros
+  float const* dv_accum;
+  Element* dk;
+  Element* dv;
+  int64_t dk_strides[3];
+  int64_t dv_strides[3];
+  int64_t elements;  // batch * seqlen_k * heads_kv * d
+  int seqlen_k;
+  int heads_kv;
+  int head_group;
+  int head_dim;
+};
+
+// dK[b, j, h] = sum over the group's query heads g of dK_accum[b, h * group + g, j].
+template <class Element>
+__global__ void __launch_bounds__(256) sum_groups_kernel(SumGroupsParams<Element> const p) {
+  int64_t const i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.elements) return;
+  int const col = int(i % p.head_dim);
+  int64_t const rest = i / p.head_dim;
+  int const head = int(rest % p.heads_kv);
+  int const key = int(rest / p.heads_kv % p.seqlen_k);
+  int const batch = int(rest / p.heads_kv / p.seqlen_k);
+  float dk = 0.f, dv = 0.f;
+  if (p.dk_accum != nullptr) {
+    for (int g = 0; g < p.head_group; ++g) {
+      int64_t const at =
+          ((int64_t(batch) * p.heads_kv * p.head_group + head * p.head_group + g) * p.seqlen_k + key) * p.head_dim +
+          col;
+      dk += p.dk_accum[at];
+      dv += p.dv_accum[at];
+    }
+  }
+  p.dk[batch * p.dk_strides[0] + key * p.dk_strides[1] + head * p.dk_strides[2] + col] = Element(dk);
+  p.dv[batch * p.dv_strides[0] + key * p.dv_strides[1] + head * p.dv_strides[2] + col] = Element(dv);
+}
+
+}  // namespace flash3::bwd

@@ -1,0 +1,12 @@
+// The backward instances a build contains, without CuTe: the API layer calls
+// these, and the generated bwd_*.cu files define them.
+#pragma once
+
+#include "flash3/flash3.h"
+
+namespace flash3::bwd {
+
+template <DType kDType, int kHeadDim>
+Status run_backward_instance(BackwardArgs const& a, cudaStream_t stream);
+
+}  // namespace flash3::bwd
