@@ -50,6 +50,9 @@ fi
 if has bwd; then
   timeout 400 $B/flash3-bench --pass bwd --hdim 64,128 --json "$OUT/bench_bwd.json" >"$OUT/bench_bwd.txt" 2>"$OUT/bench_bwd.err"
   summary+=("bench bwd rc=$?")
+  # Deterministic mode's cost, against the default rows above.
+  timeout 200 $B/flash3-bench --pass bwd --hdim 128 --seqlen 2048,8192 --deterministic >"$OUT/bench_bwd_det.txt" 2>&1
+  summary+=("bench bwd deterministic rc=$?")
 fi
 
 if has ablation; then
@@ -67,5 +70,6 @@ echo
 for f in ablation.txt compare.txt; do [ -f "$OUT/$f" ] && { echo "== $f"; grep -E '^\||beats|device' "$OUT/$f"; }; done
 [ -f "$OUT/bench.txt" ] && [ ! -f "$OUT/compare.txt" ] && { echo "== bench.txt"; grep '^|' "$OUT/bench.txt"; }
 [ -f "$OUT/bench_bwd.txt" ] && [ ! -f "$OUT/compare.txt" ] && { echo "== bench_bwd.txt"; grep '^|' "$OUT/bench_bwd.txt"; }
+[ -f "$OUT/bench_bwd_det.txt" ] && { echo "== bench_bwd_det.txt (deterministic)"; grep '^| bwd' "$OUT/bench_bwd_det.txt"; }
 echo "== summary"
 printf '%s\n' "${summary[@]}"

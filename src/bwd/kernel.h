@@ -45,6 +45,7 @@ struct Kernel {
 
     if (threadIdx.x == 0) {
       MainloopT::prefetch_descriptors(mp);
+      EpilogueT::prefetch_descriptors(params.epilogue);
       smem.barrier_kv.init(/*arrive_count=*/1);
     }
     typename PipelineQdO::Params pipeline_params;
@@ -82,7 +83,7 @@ struct Kernel {
       clear(tdKrdK);
       clear(tdVrdV);
       MainloopT::mma(mp, smem, pipeline, pipeline_dq, tdKrdK, tdVrdV, n_block, range, thread_idx);
-      EpilogueT::store(params.epilogue, tdKrdK, tdVrdV, n_block, head, batch, thread_idx);
+      EpilogueT::store(params.epilogue, smem, tdKrdK, tdVrdV, n_block, head, batch, thread_idx);
     }
   }
 };

@@ -56,9 +56,9 @@ cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout co
   }
 
   // Line 2: D and the LSE; the dQ accumulator (and the semaphores) cleared.
-  err = cudaMemsetAsync(ws + w.dq_accum, 0, w.lse_log2 - w.dq_accum, stream);
-  if (err == cudaSuccess && a.deterministic) err = cudaMemsetAsync(ws + w.semaphore, 0, w.dk_accum - w.semaphore, stream);
-  if (err != cudaSuccess) return err;
+  if (a.deterministic && (err = cudaMemsetAsync(ws + w.semaphore, 0, w.dk_accum - w.semaphore, stream)) != cudaSuccess) {
+    return err;
+  }
   PreprocessParams<Element> pre{};
   pre.o = static_cast<Element const*>(a.o.data);
   pre.dout = static_cast<Element const*>(a.dout.data);
@@ -67,6 +67,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout co
   pre.lse = a.lse;
   pre.lse_log2 = lse_log2;
   pre.dpsum = dpsum;
+  pre.dq_accum = dq_accum;
   pre.padded_rows = m_blocks * Traits::kBlockM;
   pre.rows = a.batch * a.heads_q * pre.padded_rows;
   pre.seqlen_q = int(a.seqlen_q);
@@ -109,15 +110,20 @@ cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout co
     mp.scale_log2 = scale * float(M_LOG2E);
 
     auto& ep = params.epilogue;
-    ep.dk = static_cast<Element*>(a.dk.data);
-    ep.dv = static_cast<Element*>(a.dv.data);
-    strides_of(a.dk, ep.dk_strides);
-    strides_of(a.dv, ep.dv_strides);
+    // MHA: TMA stores to dK, dV. GQA: fp32 per query head to the workspace
+    // (the descriptors still need a valid tensor: dK's own).
+    auto const dk = gmem_tensor<Traits>(a.dk, a.seqlen_k, a.heads_kv, a.batch);
+    auto const dv = gmem_tensor<Traits>(a.dv, a.seqlen_k, a.heads_kv, a.batch);
+    using SmemLayoutdKV = typename KernelT::EpilogueT::SmemLayoutdKV;
+    ep.tma_dk = make_tma_copy(SM90_TMA_STORE{}, dk, SmemLayoutdKV{}, tile_nd, _1{});
+    ep.tma_dv = make_tma_copy(SM90_TMA_STORE{}, dv, SmemLayoutdKV{}, tile_nd, _1{});
+    ep.shape_k = dk.shape();
     ep.dk_accum = dk_accum;
     ep.dv_accum = dv_accum;
     ep.grouped = group > 1;
     ep.seqlen_k = int(a.seqlen_k);
     ep.num_heads_q = int(a.heads_q);
+    ep.head_group = group;
     ep.softmax_scale = scale;
 
     auto kernel = backward_kernel<Traits>;

@@ -237,7 +237,8 @@ struct Mainloop {
       warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
       warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), tdPrdP);
 
-      // Line 9: P = exp(S - L), with the mask on the blocks that need it.
+      // Line 9: P = exp(S - L), with the mask on the blocks that need it,
+      // while dP's GEMM runs.
       warpgroup_wait<1>();
       if (last_partial || m_block < range.m_block_mask) mask.apply(tSrS, coords, m_block, n_block);
       float const* lse_log2 = smem.lse_log2.data() + stage * kBlockM;
@@ -246,15 +247,16 @@ struct Mainloop {
       for (int i = 0; i < size(tSrS); ++i) {
         tSrS(i) = exp2f(fmaf(tSrS(i), p.scale_log2, -lse_log2[get<1>(coords(i))]));
       }
-      // Line 11: dS = P o (dP - D).
-      warpgroup_wait<0>();
-      CUTE_UNROLL
-      for (int i = 0; i < size(tdPrdP); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dpsum[get<1>(coords(i))]);
 
       // Line 12: dV += P^T dO_i, P^T straight from registers.
       Tensor rP = convert_fragment<Element>(tSrS);
       Tensor tdVrP = make_tensor(rP.data(), accumulator_as_operand_a(rP.layout()));
       warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, tdVrP, tdVrdO(_, _, _, stage), tdVrdV);
+
+      // Line 11: dS = P o (dP - D), while dV's GEMM runs.
+      warpgroup_wait<1>();
+      CUTE_UNROLL
+      for (int i = 0; i < size(tdPrdP); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dpsum[get<1>(coords(i))]);
 
       // dS^T to shared memory for the dQ GEMM, which needs all keys' rows.
       Tensor rdS = convert_fragment<Element>(tdPrdP);
@@ -262,17 +264,16 @@ struct Mainloop {
       cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by WGMMA (async proxy)
       cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kdSReady));
 
-      // Line 13: dK += dS^T Q_i. Line 14: dQ_i = dS K.
-      Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_operand_a(rdS.layout()));
-      warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), tdKrdK);
+      // Line 14: dQ_i = dS K, then line 13: dK += dS^T Q_i.
       Tensor tdQrdQ = partition_fragment_C(tiled_mma_dq, select<0, 1>(typename Traits::TileShapedQ{}));
       warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_dq, tdQrdS(_, _, _, buffer), tdQrK, tdQrdQ);
-      warpgroup_wait<0>();
-      pipeline.consumer_release(read);
-      ++read;
+      Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_operand_a(rdS.layout()));
+      warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), tdKrdK);
       buffer ^= 1;
 
-      // dQ_i to shared memory for the dq_writer, once it has read the last one.
+      // dQ_i to shared memory for the dq_writer (once it has read the last
+      // one), while dK's GEMM runs.
+      warpgroup_wait<1>();
       pipeline_dq.producer_acquire(write_dq);
       CUTE_UNROLL
       for (int i = 0; i < size(tdQrdQ); i += 4) {
@@ -282,6 +283,9 @@ struct Mainloop {
       cutlass::arch::fence_view_async_shared();  // read by the TMA reduce-add (async proxy)
       pipeline_dq.producer_commit(write_dq);
       ++write_dq;
+      warpgroup_wait<0>();
+      pipeline.consumer_release(read);  // Q_i and dO_i are read
+      ++read;
     }
   }
 };

@@ -2,7 +2,8 @@
 // the forward's LSE in log2 units, both padded to whole query blocks so that
 // the producer copies one block of each with a single bulk copy. Padding rows
 // get D = 0 and LSE = +inf, which makes their P (and so everything they add
-// to dK and dV) zero.
+// to dK and dV) zero. It also clears the dQ accumulator, head_dim floats per
+// row (the accumulator's tiles are kBwdBlockM rows of head_dim floats each).
 #pragma once
 
 #include <cmath>
@@ -21,6 +22,7 @@ struct PreprocessParams {
   float const* lse;  // [batch, heads, seqlen_q]
   float* lse_log2;   // [batch, heads, padded_rows]
   float* dpsum;
+  float* dq_accum;   // [batch, heads, padded_rows, head_dim] floats, cleared
   int64_t rows;  // batch * heads * padded_rows
   int padded_rows;
   int seqlen_q;
@@ -43,6 +45,8 @@ __global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams<Elemen
     Element const* dout = p.dout + batch * p.do_strides[0] + q * p.do_strides[1] + head * p.do_strides[2];
     for (int c = lane; c < p.head_dim; c += 32) d += float(o[c]) * float(dout[c]);
   }
+  float4* dq = reinterpret_cast<float4*>(p.dq_accum + row * p.head_dim);
+  for (int c = lane; c < p.head_dim / 4; c += 32) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int offset = 16; offset > 0; offset /= 2) d += __shfl_xor_sync(0xffffffffu, d, offset);
   if (lane == 0) {
     p.dpsum[row] = d;

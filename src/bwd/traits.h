@@ -121,6 +121,7 @@ struct BwdTraits {
 // Named barriers (ids after CUTLASS's reserved ones).
 enum class Barrier : uint32_t {
   kdSReady = 0,  // consumers: both halves of dS_i are in shared memory
+  kEpilogue = 1,  // consumers: K's and V's buffers are free / dK and dV are in them
 };
 
 // Where register i of consumer thread t puts its dQ value: float4 groups of
