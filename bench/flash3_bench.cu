@@ -434,6 +434,7 @@ int main(int argc, char** argv) {
             Config c;
             c.pass = pass;
             c.deterministic = opt.deterministic;
+            if (c.deterministic && pass != Pass::kFwd) c.variant = "deterministic";
             c.dtype = opt.dtype;
             c.head_dim = d;
             c.causal = causal;

@@ -127,6 +127,12 @@ TEST(QueryRange, MatchesBruteForce) {
           }
           std::string const where = std::to_string(causal) + " sq " + std::to_string(sq) + " sk " +
                                     std::to_string(sk) + " n " + std::to_string(n);
+          for (int m = 0; m * bm < sq; ++m) {
+            // The last key block query block m sees: a visit of (m, n) happens iff n <= it.
+            int const last = flash3::bwd::last_key_block(m, bm, bn, sq, sk, causal);
+            flash3::bwd::QueryRange const r = flash3::bwd::query_range(n, bm, bn, sq, sk, flash3::div_up(sq, bm), causal);
+            ASSERT_EQ(n <= last, m >= r.m_block_min && m < r.m_block_max) << where << " m " << m;
+          }
           if (lo < 0) {
             ASSERT_TRUE(got.empty()) << where;
             continue;

@@ -31,6 +31,14 @@ struct Kernel {
     typename EpilogueT::Params epilogue;
   };
 
+  // CTAs start in blockIdx order. Causal key blocks differ in work (block j
+  // visits the query blocks from its diagonal down): the longest, j = 0, go
+  // first. Deterministic causal launches go last to first instead, the order
+  // in which their dQ turns come (Mainloop::deterministic_turn).
+  CUTE_DEVICE static int key_block(typename MainloopT::Params const& p) {
+    return Traits::kCausal && p.deterministic ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+  }
+
   static constexpr int kNumThreads = Traits::kNumThreads;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
@@ -38,7 +46,7 @@ struct Kernel {
     SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
     int const warp_group = cutlass::canonical_warp_group_idx();
     int const warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
-    int const n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+    int const n_block = key_block(params.mainloop), head = blockIdx.y, batch = blockIdx.z;
     auto const& mp = params.mainloop;
     QueryRange const range = query_range(n_block, Traits::kBlockM, Traits::kBlockN, mp.seqlen_q, mp.seqlen_k,
                                          mp.m_blocks, Traits::kCausal);

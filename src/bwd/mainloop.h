@@ -133,11 +133,37 @@ struct Mainloop {
   }
 
   // --------------------------------------------------------------- dq_writer
+  // Deterministic mode's turns: a semaphore per query block.
+  CUTE_DEVICE static void wait_turn(int* semaphore, int turn) {
+    cuda::atomic_ref<int, cuda::thread_scope_device> const s(*semaphore);
+    while (s.load(cuda::memory_order_acquire) != turn) {
+    }
+    asm volatile("fence.proxy.async.global;" ::: "memory");  // then the reduce-add (async proxy)
+  }
+  CUTE_DEVICE static void pass_turn(int* semaphore, int turn) {
+    // CuTe's tma_store_wait waits until bulk copies have read shared memory;
+    // the next key block needs this one's global writes complete.
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    cuda::atomic_ref<int, cuda::thread_scope_device>(*semaphore).store(turn, cuda::memory_order_release);
+  }
+
+  // The key blocks that visit query block m are 0, 1, ..., last_key_block(m).
+  // Without the causal mask they go in that order; with it, from the last
+  // down, which is the order in which a causal launch reaches m (key block j
+  // starts at its diagonal, where it is the last). Either way a CTA waits
+  // only on CTAs launched before it (see Kernel::key_block), never on one
+  // that may not be resident yet.
+  CUTE_DEVICE static int deterministic_turn(Params const& p, int m_block, int n_block) {
+    if constexpr (!Traits::kCausal) return n_block;
+    return last_key_block(m_block, kBlockM, kBlockN, p.seqlen_q, p.seqlen_k, true) - n_block;
+  }
+
   // Algorithm 3, line 14's accumulation, off the consumers' path: each dQ_i
   // the consumers leave in shared memory is added to the global fp32
-  // accumulator with one TMA reduce-add. Deterministic mode instead takes the
-  // key blocks' turns in order (a semaphore per query block) and adds with
-  // plain loads and stores, so the sum's order is fixed.
+  // accumulator with one TMA reduce-add. Deterministic mode takes the key
+  // blocks' turns in order (a semaphore per query block), so the sum's order
+  // is fixed.
   CUTE_DEVICE static void write_dq(Params const& p, SharedStorage& smem, PipelinedQ& pipeline_dq, int n_block,
                                    int head, int batch, QueryRange range, int lane) {
     Tensor mdQ = p.tma_dq.get_tma_tensor(make_shape(_256{}, Int<Traits::kdQRows>{}, p.dq_tiles));
@@ -147,35 +173,21 @@ struct Mainloop {
     for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
       pipeline_dq.consumer_wait(read);
       int const tile = row_tile(p, batch, head, m_block);
-      if (p.deterministic) {
-        // Key blocks that visit query block m are 0, 1, ..., in that order.
-        int* turn = p.semaphore + tile;
-        if (lane == 0) {
-          while (cuda::atomic_ref<int, cuda::thread_scope_device>(*turn).load(cuda::memory_order_acquire) != n_block) {
-          }
-        }
-        __syncwarp();
-        __threadfence();
-        float4* dst = reinterpret_cast<float4*>(p.dq_accum + int64_t(tile) * Traits::kdQElements);
-        float4 const* src = reinterpret_cast<float4 const*>(smem.dq.data());
-        for (int i = lane; i < Traits::kdQElements / 4; i += cutlass::NumThreadsPerWarp) {
-          float4 a = dst[i];
-          float4 const b = src[i];
-          dst[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-        }
-        __threadfence();
-        __syncwarp();
-        if (lane == 0) {
-          cuda::atomic_ref<int, cuda::thread_scope_device>(*turn).store(n_block + 1, cuda::memory_order_release);
-        }
-      } else {
-        if (lane == 0) {
-          copy(p.tma_dq, tma_dq.partition_S(sdQ), tma_dq.partition_D(mdQ(_, _, tile)));
-          tma_store_arrive();
+      if (lane == 0) {
+        // Deterministic mode: key blocks add to query block m's dQ in a fixed
+        // order, each passing the turn on once its reduce-add has completed
+        // (not only read shared memory). See deterministic_turn.
+        int const turn = deterministic_turn(p, m_block, n_block);
+        if (p.deterministic) wait_turn(p.semaphore + tile, turn);
+        copy(p.tma_dq, tma_dq.partition_S(sdQ), tma_dq.partition_D(mdQ(_, _, tile)));
+        tma_store_arrive();
+        if (p.deterministic) {
+          pass_turn(p.semaphore + tile, turn + 1);
+        } else {
           tma_store_wait<0>();  // the buffer has been read
         }
-        __syncwarp();
       }
+      __syncwarp();
       pipeline_dq.consumer_release(read);  // the buffer has been read
       ++read;
     }

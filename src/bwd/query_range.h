@@ -37,4 +37,16 @@ FLASH3_HOST_DEVICE QueryRange query_range(int n_block, int block_m, int block_n,
   return r;
 }
 
+// The last key block that query block m_block sees (-1: none). Deterministic
+// mode orders the key blocks adding to a query block's dQ from this one down:
+// it is the first that a causal launch reaches, at its first query block.
+FLASH3_HOST_DEVICE int last_key_block(int m_block, int block_m, int block_n, int seqlen_q, int seqlen_k,
+                                      bool causal) {
+  int const n_blocks = div_up(seqlen_k, block_n);
+  if (!causal) return n_blocks - 1;
+  int const last_row = std::min((m_block + 1) * block_m, seqlen_q) - 1;
+  int const last_key = last_row + seqlen_k - seqlen_q;
+  return last_key < 0 ? -1 : std::min(n_blocks - 1, last_key / block_n);
+}
+
 }  // namespace flash3::bwd
