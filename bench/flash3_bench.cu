@@ -4,6 +4,9 @@
 //   flash3-bench                      the paper's sweep (bf16, hdim 64/128/256, causal off/on), forward
 //   flash3-bench --pass bwd           the same sweep, backward (hdim 64/128)
 //   flash3-bench --ablation           paper Table 2: each technique switched off
+//   flash3-bench --dtype e4m3         the FP8 forward (inputs quantized by quantize_fp8)
+//   flash3-bench --fp8-accuracy       paper Table 3: RMSE of O with outliers in the inputs
+//   flash3-bench --quant-bandwidth    quantize_fp8 against the GPU's copy bandwidth
 //   flash3-bench --help               all options
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -35,16 +38,25 @@ using flash3::DType;
     }                                                                                              \
   } while (0)
 
+__device__ uint32_t mix(uint32_t h) {
+  h ^= h >> 16; h *= 0x7FEB352Du; h ^= h >> 15; h *= 0x846CA68Bu; h ^= h >> 16;
+  return h;
+}
+
 // N(0, 1) from a hash of (seed, index): fresh inputs without a host round trip.
-__global__ void fill_normal(uint16_t* out, size_t n, uint32_t seed, bool bf16) {
+// With outliers (paper Table 3), N(0, 1) + N(0, 100) * Bernoulli(0.001).
+__global__ void fill_normal(uint16_t* out, size_t n, uint32_t seed, bool bf16, bool outliers = false) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 0x9E3779B9u ^ seed ^ uint32_t(i >> 32) * 0x85EBCA6Bu;
-    h ^= h >> 16; h *= 0x7FEB352Du; h ^= h >> 15; h *= 0x846CA68Bu; h ^= h >> 16;
+    uint32_t h = mix(uint32_t(i) * 0x9E3779B9u ^ seed ^ uint32_t(i >> 32) * 0x85EBCA6Bu);
     uint32_t g = h * 0x27D4EB2Fu + 0x165667B1u;
     g ^= g >> 15; g *= 0x2C1B3C6Du; g ^= g >> 12;
     float u1 = (float(h >> 8) + 1.f) * (1.f / 16777217.f);
     float u2 = float(g >> 8) * (1.f / 16777216.f);
     float x = sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+    if (outliers) {
+      uint32_t const b = mix(g ^ 0x5bd1e995u);
+      if (float(b >> 8) * (1.f / 16777216.f) < 0.001f) x += 10.f * sqrtf(-2.f * logf(u1)) * sinpif(2.f * u2);
+    }
     if (bf16) {
       __nv_bfloat16 b = __float2bfloat16(x);
       out[i] = *reinterpret_cast<uint16_t*>(&b);
@@ -74,6 +86,8 @@ __global__ void compare(uint16_t const* a, int64_t row_len, int64_t row_stride, 
   if (nans > 0.f) atomicAdd(&out[2], nans);
 }
 
+char const* dtype_name(DType t) { return t == DType::kBF16 ? "bf16" : t == DType::kFP16 ? "fp16" : "e4m3"; }
+
 enum class Pass { kFwd, kBwd, kFwdBwd };
 char const* pass_name(Pass p) { return p == Pass::kFwd ? "fwd" : p == Pass::kBwd ? "bwd" : "fwd+bwd"; }
 
@@ -86,6 +100,9 @@ struct Config {
   int64_t batch = 1, seqlen = 1024, heads_q = 16, heads_kv = 16;
   flash3::KernelOptions options;
   bool deterministic = false;  // backward
+  // FP8 (dtype kE4M3): the inputs are bf16 draws quantized by quantize_fp8.
+  flash3::ScaleGranularity granularity = flash3::ScaleGranularity::kPerBlock;
+  bool hadamard = false;
 };
 
 struct Result {
@@ -104,7 +121,9 @@ struct Options {
   DType dtype = DType::kBF16;
   int64_t total_tokens = 16384, hidden = 2048, gqa = 1;
   int reps = 30;
-  bool check = true, ablation = false, deterministic = false;
+  bool check = true, ablation = false, deterministic = false, fp8_accuracy = false, quant_bandwidth = false;
+  flash3::ScaleGranularity granularity = flash3::ScaleGranularity::kPerBlock;
+  bool hadamard = false;
   std::string json, csv;
 };
 
@@ -115,13 +134,17 @@ void usage() {
       "  --hdim 64,128,256      head dims\n"
       "  --seqlen 512,...       sequence lengths (batch = tokens / seqlen, heads = hidden / hdim)\n"
       "  --causal 0|1|both      mask (default both)\n"
-      "  --dtype bf16|fp16\n"
+      "  --dtype bf16|fp16|e4m3 e4m3: the FP8 forward, O in bf16\n"
+      "  --granularity tensor|head|block   FP8 scales (default block)\n"
+      "  --hadamard             FP8: incoherent processing of Q and K\n"
       "  --tokens N --hidden N  total tokens (16384) and hidden size (2048), the paper's settings\n"
       "  --gqa R                query heads per K/V head (default 1)\n"
       "  --reps N               timed runs per shape, median reported (default 30)\n"
       "  --no-check             skip the reference check\n"
       "  --deterministic        backward in deterministic mode\n"
       "  --ablation             paper Table 2: batch 4, seqlen 8448, 16 heads, hdim 128, each technique off\n"
+      "  --fp8-accuracy         paper Table 3: RMSE of O, inputs N(0,1) + N(0,100) Bernoulli(0.001)\n"
+      "  --quant-bandwidth      quantize_fp8's bandwidth against a device-to-device copy\n"
       "  --json FILE --csv FILE also write the results there\n");
 }
 
@@ -153,7 +176,19 @@ Options parse(int argc, char** argv) {
     else if (a == "--causal") {
       std::string v = next();
       o.causal = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "1"};
-    } else if (a == "--dtype") o.dtype = std::string(next()) == "fp16" ? DType::kFP16 : DType::kBF16;
+    } else if (a == "--dtype") {
+      std::string v = next();
+      if (v != "bf16" && v != "fp16" && v != "e4m3") { std::fprintf(stderr, "--dtype: bf16, fp16 or e4m3\n"); std::exit(2); }
+      o.dtype = v == "fp16" ? DType::kFP16 : v == "e4m3" ? DType::kE4M3 : DType::kBF16;
+    } else if (a == "--granularity") {
+      std::string v = next();
+      if (v != "tensor" && v != "head" && v != "block") { std::fprintf(stderr, "--granularity: tensor, head or block\n"); std::exit(2); }
+      o.granularity = v == "tensor" ? flash3::ScaleGranularity::kPerTensor
+                      : v == "head" ? flash3::ScaleGranularity::kPerHead
+                                    : flash3::ScaleGranularity::kPerBlock;
+    } else if (a == "--hadamard") o.hadamard = true;
+    else if (a == "--fp8-accuracy") o.fp8_accuracy = true;
+    else if (a == "--quant-bandwidth") o.quant_bandwidth = true;
     else if (a == "--tokens") o.total_tokens = std::stoll(next());
     else if (a == "--hidden") o.hidden = std::stoll(next());
     else if (a == "--gqa") o.gqa = std::stoll(next());
@@ -201,6 +236,63 @@ void check_tensor(Check& chk, char const* what, uint16_t const* a, int64_t row_l
   }
 }
 
+// FP8 inputs: 16-bit draws quantized by the library's quantize_fp8, which
+// then stand in for them in `a` (dtype kE4M3, O in bf16).
+struct Fp8Inputs {
+  uint8_t *q = nullptr, *k = nullptr, *v = nullptr;
+  float *q_scale = nullptr, *k_scale = nullptr, *v_scale = nullptr;
+
+  flash3::Status quantize(flash3::ForwardArgs& a, flash3::ScaleGranularity granularity, bool hadamard) {
+    flash3::QuantizeArgs qa;
+    qa.dtype = a.dtype;
+    qa.batch = a.batch;
+    qa.seqlen_q = a.seqlen_q;
+    qa.seqlen_k = a.seqlen_k;
+    qa.heads_q = a.heads_q;
+    qa.heads_kv = a.heads_kv;
+    qa.head_dim = a.head_dim;
+    qa.q = a.q;
+    qa.k = a.k;
+    qa.v = a.v;
+    qa.granularity = granularity;
+    qa.hadamard = hadamard;
+    qa.seed = 2024;
+    size_t const q_elems = size_t(a.batch * a.seqlen_q * a.heads_q * a.head_dim);
+    size_t const kv_elems = size_t(a.batch * a.seqlen_k * a.heads_kv * a.head_dim);
+    flash3::Fp8BlockSizes const blocks = flash3::fp8_block_sizes(a.head_dim);
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&q), q_elems));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&k), kv_elems));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&v), kv_elems));
+    auto scales = [&](float*& p, int64_t heads, int64_t seqlen, int64_t block) {
+      int64_t const n = flash3::fp8_scale_count(granularity, a.batch, heads, seqlen, block);
+      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&p), std::max<int64_t>(n, 1) * 4));
+    };
+    scales(q_scale, a.heads_q, a.seqlen_q, blocks.q);
+    scales(k_scale, a.heads_kv, a.seqlen_k, blocks.kv);
+    scales(v_scale, a.heads_kv, a.seqlen_k, blocks.kv);
+    qa.q_out = flash3::contiguous<void*>(q, a.seqlen_q, a.heads_q, a.head_dim);
+    qa.k_out = flash3::contiguous<void*>(k, a.seqlen_k, a.heads_kv, a.head_dim);
+    qa.v_out = flash3::contiguous<void*>(v, a.seqlen_k, a.heads_kv, a.head_dim);
+    qa.q_scale = q_scale;
+    qa.k_scale = k_scale;
+    qa.v_scale = v_scale;
+    flash3::Status s = flash3::quantize_fp8(qa, nullptr);
+    a.dtype = DType::kE4M3;
+    a.q = flash3::contiguous<const void*>(q, a.seqlen_q, a.heads_q, a.head_dim);
+    a.k = flash3::contiguous<const void*>(k, a.seqlen_k, a.heads_kv, a.head_dim);
+    a.v = flash3::contiguous<const void*>(v, a.seqlen_k, a.heads_kv, a.head_dim);
+    a.fp8.granularity = granularity;
+    a.fp8.q = q_scale;
+    a.fp8.k = k_scale;
+    a.fp8.v = v_scale;
+    a.fp8.out_dtype = DType::kBF16;
+    return s;
+  }
+  ~Fp8Inputs() {
+    for (void* p : {(void*)q, (void*)k, (void*)v, (void*)q_scale, (void*)k_scale, (void*)v_scale}) cudaFree(p);
+  }
+};
+
 // One shape: fresh random inputs, poisoned outputs, check, then time.
 Result run(Config const& c, Options const& opt, uint32_t seed) {
   Result r;
@@ -209,7 +301,8 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
   size_t const q_elems = size_t(c.batch) * c.seqlen * c.heads_q * d;
   size_t const kv_elems = size_t(c.batch) * c.seqlen * c.heads_kv * d;
   size_t const lse_elems = size_t(c.batch) * c.heads_q * c.seqlen;
-  bool const bf16 = c.dtype == DType::kBF16;
+  bool const fp8 = c.dtype == DType::kE4M3;
+  bool const bf16 = c.dtype == DType::kBF16 || fp8;  // FP8: bf16 draws, quantized; O in bf16
   bool const backward = c.pass != Pass::kFwd;
   uint16_t *q, *k, *v, *o, *dout = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
   float* lse;
@@ -225,7 +318,7 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
   CHECK_CUDA(cudaMemset(o, 0xff, q_elems * 2));  // NaN: unwritten elements show
 
   flash3::ForwardArgs a;
-  a.dtype = c.dtype;
+  a.dtype = bf16 ? DType::kBF16 : DType::kFP16;
   a.batch = c.batch;
   a.seqlen_q = a.seqlen_k = c.seqlen;
   a.heads_q = c.heads_q;
@@ -238,6 +331,8 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
   a.v = flash3::contiguous<const void*>(v, c.seqlen, c.heads_kv, d);
   a.o = flash3::contiguous<void*>(o, c.seqlen, c.heads_q, d);
   a.lse = lse;
+  Fp8Inputs fp8_inputs;
+  flash3::Status quantized = fp8 ? fp8_inputs.quantize(a, c.granularity, c.hadamard) : flash3::Status();
 
   flash3::BackwardArgs b;
   if (backward) {
@@ -277,7 +372,8 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
     return s;
   };
 
-  flash3::Status s = backward ? flash3::forward(a, nullptr) : flash3::Status();
+  flash3::Status s = quantized;
+  if (s.ok() && backward) s = flash3::forward(a, nullptr);
   if (s.ok()) s = call();
   if (s.ok()) {
     CHECK_CUDA(cudaDeviceSynchronize());
@@ -289,8 +385,11 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
         CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), q_elems * 4));
         CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&low), q_elems * 4));
         flash3::reference::AttentionShape shape{c.batch, c.seqlen, c.seqlen, c.heads_q, c.heads_kv, d, 0.f, c.causal};
-        CHECK_CUDA(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, ref, nullptr, false, nullptr));
-        CHECK_CUDA(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, low, nullptr, true, nullptr));
+        // FP8: the reference sees the quantized inputs (dequantized).
+        for (auto [buf, emulate] : {std::pair{ref, false}, std::pair{low, true}}) {
+          CHECK_CUDA(fp8 ? flash3::reference::attention_gpu_fp8(shape, a.q, a.k, a.v, a.fp8, buf, nullptr, emulate, nullptr)
+                         : flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, buf, nullptr, emulate, nullptr));
+        }
         check_tensor(chk, "O", o, int64_t(q_elems), int64_t(q_elems), ref, low, q_elems, bf16, 1e-5f);
         cudaFree(ref);
         cudaFree(low);
@@ -372,7 +471,7 @@ void write_json(std::string const& path, std::vector<Result> const& results) {
   for (size_t i = 0; i < results.size(); ++i) {
     Config const& c = results[i].config;
     f << "  {\"pass\": \"" << pass_name(c.pass) << "\", \"variant\": \"" << c.variant << "\", \"dtype\": \""
-      << (c.dtype == DType::kBF16 ? "bf16" : "fp16") << "\", \"hdim\": " << c.head_dim
+      << dtype_name(c.dtype) << "\", \"hdim\": " << c.head_dim
       << ", \"causal\": " << (c.causal ? "true" : "false") << ", \"batch\": " << c.batch
       << ", \"seqlen_q\": " << c.seqlen << ", \"seqlen_k\": " << c.seqlen << ", \"heads_q\": " << c.heads_q
       << ", \"heads_kv\": " << c.heads_kv << ", \"ms\": " << results[i].ms << ", \"tflops\": " << results[i].tflops
@@ -387,10 +486,188 @@ void write_csv(std::string const& path, std::vector<Result> const& results) {
   f << "pass,variant,dtype,hdim,causal,batch,seqlen,heads_q,heads_kv,ms,tflops,max_err,ref_err,ok\n";
   for (Result const& r : results) {
     Config const& c = r.config;
-    f << pass_name(c.pass) << "," << c.variant << "," << (c.dtype == DType::kBF16 ? "bf16" : "fp16") << "," << c.head_dim << "," << c.causal
+    f << pass_name(c.pass) << "," << c.variant << "," << dtype_name(c.dtype) << "," << c.head_dim << "," << c.causal
       << "," << c.batch << "," << c.seqlen << "," << c.heads_q << "," << c.heads_kv << "," << r.ms << ","
       << r.tflops << "," << r.max_err << "," << r.ref_err << "," << r.ok << "\n";
   }
+}
+
+// Sum of (a - ref)^2 over n elements of a dense 16-bit tensor.
+__global__ void squared_error(uint16_t const* a, float const* ref, size_t n, bool bf16, double* out) {
+  double sum = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint16_t bits = a[i];
+    float const x = bf16 ? __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&bits))
+                         : __half2float(*reinterpret_cast<__half*>(&bits));
+    double const e = double(x) - double(ref[i]);
+    sum += e * e;
+  }
+  atomicAdd(out, sum);
+}
+
+// Paper Table 3: the RMSE of O on inputs with outliers, N(0, 1) + N(0, 100) *
+// Bernoulli(0.001), batch 2, seqlen 4096, 16 heads, against the float32
+// reference on the same 16-bit draws: BF16 and FP16 kernels, and FP8 with
+// and without block scales and incoherent processing.
+int run_fp8_accuracy() {
+  int64_t const batch = 2, seqlen = 4096, heads = 16;
+  std::printf("\n| hdim | method | RMSE of O | vs FP8 per-tensor |\n|---|---|---|---|\n");
+  bool ok = true;
+  for (int d : {128, 256}) {
+    size_t const n = size_t(batch * seqlen * heads * d);
+    uint16_t *q, *k, *v, *o;
+    float* ref;
+    double* sum;
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&q), n * 2));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&k), n * 2));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&v), n * 2));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&o), n * 2));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), n * 4));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&sum), 8));
+    struct Method {
+      char const* name;
+      DType draws;
+      bool fp8;
+      flash3::ScaleGranularity granularity;
+      bool hadamard;
+    };
+    using G = flash3::ScaleGranularity;
+    Method const methods[] = {{"bf16", DType::kBF16, false, G::kPerTensor, false},
+                              {"fp16", DType::kFP16, false, G::kPerTensor, false},
+                              {"e4m3 per-tensor (baseline)", DType::kBF16, true, G::kPerTensor, false},
+                              {"e4m3 per-block + hadamard (flash3)", DType::kBF16, true, G::kPerBlock, true},
+                              {"e4m3 per-tensor + hadamard (no block quantization)", DType::kBF16, true, G::kPerTensor, true},
+                              {"e4m3 per-block (no incoherent processing)", DType::kBF16, true, G::kPerBlock, false}};
+    double baseline = 0;
+    for (Method const& m : methods) {
+      bool const bf16 = m.draws == DType::kBF16;
+      fill_normal<<<1024, 256>>>(q, n, 11, bf16, true);
+      fill_normal<<<1024, 256>>>(k, n, 22, bf16, true);
+      fill_normal<<<1024, 256>>>(v, n, 33, bf16, true);
+      CHECK_CUDA(cudaMemset(o, 0xff, n * 2));
+      flash3::ForwardArgs a;
+      a.dtype = m.draws;
+      a.batch = batch;
+      a.seqlen_q = a.seqlen_k = seqlen;
+      a.heads_q = a.heads_kv = heads;
+      a.head_dim = d;
+      a.q = flash3::contiguous<const void*>(q, seqlen, heads, d);
+      a.k = flash3::contiguous<const void*>(k, seqlen, heads, d);
+      a.v = flash3::contiguous<const void*>(v, seqlen, heads, d);
+      a.o = flash3::contiguous<void*>(o, seqlen, heads, d);
+      flash3::reference::AttentionShape shape{batch, seqlen, seqlen, heads, heads, d, 0.f, false};
+      CHECK_CUDA(flash3::reference::attention_gpu(shape, m.draws, a.q, a.k, a.v, ref, nullptr, false, nullptr));
+      Fp8Inputs inputs;
+      flash3::Status s = m.fp8 ? inputs.quantize(a, m.granularity, m.hadamard) : flash3::Status();
+      if (s.ok()) s = flash3::forward(a, nullptr);
+      if (!s.ok()) {
+        std::printf("| %d | %s | FAIL: %s | |\n", d, m.name, s.message().c_str());
+        ok = false;
+        continue;
+      }
+      CHECK_CUDA(cudaMemset(sum, 0, 8));
+      squared_error<<<1024, 256>>>(o, ref, n, bf16, sum);
+      double h_sum;
+      CHECK_CUDA(cudaMemcpy(&h_sum, sum, 8, cudaMemcpyDeviceToHost));
+      double const rmse = std::sqrt(h_sum / double(n));
+      if (m.fp8 && m.granularity == G::kPerTensor && !m.hadamard) baseline = rmse;
+      ok &= std::isfinite(rmse);
+      if (baseline > 0 && m.fp8) {
+        std::printf("| %d | %s | %.2e | %.2fx lower |\n", d, m.name, rmse, baseline / rmse);
+      } else {
+        std::printf("| %d | %s | %.2e | |\n", d, m.name, rmse);
+      }
+    }
+    for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)ref, (void*)sum}) cudaFree(p);
+  }
+  return ok ? 0 : 1;
+}
+
+// quantize_fp8 is memory-bound: its bytes moved (16-bit reads, e4m3 writes)
+// per second, against a device-to-device copy's (reads + writes) on the same
+// device.
+int run_quant_bandwidth(int reps) {
+  int64_t const batch = 8, seqlen = 4096, heads = 16, d = 128;
+  size_t const n = size_t(batch * seqlen * heads * d);
+  uint16_t *q, *k, *v;
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&q), n * 2));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&k), n * 2));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&v), n * 2));
+  fill_normal<<<1024, 256>>>(q, n, 1, true);
+  fill_normal<<<1024, 256>>>(k, n, 2, true);
+  fill_normal<<<1024, 256>>>(v, n, 3, true);
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  auto median_ms = [&](auto&& f) {
+    for (int i = 0; i < 3; ++i) f();
+    std::vector<float> t;
+    for (int i = 0; i < reps; ++i) {
+      CHECK_CUDA(cudaEventRecord(start));
+      f();
+      CHECK_CUDA(cudaEventRecord(stop));
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      float ms;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return double(t[t.size() / 2]);
+  };
+  // The copy: as many bytes as the quantization reads, of Q then K then V.
+  uint16_t* dst;
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dst), n * 2));
+  double const copy_ms = median_ms([&] {
+    for (uint16_t* src : {q, k, v}) CHECK_CUDA(cudaMemcpyAsync(dst, src, n * 2, cudaMemcpyDeviceToDevice));
+  });
+  double const copy_gbs = 3.0 * 2 * (n * 2) / (copy_ms * 1e-3) / 1e9;
+  std::printf("\nquantize_fp8: batch %lld, seqlen %lld, heads %lld, hdim %lld, Q, K and V (bf16 -> e4m3)\n",
+              (long long)batch, (long long)seqlen, (long long)heads, (long long)d);
+  std::printf("\n| granularity | hadamard | ms | GB/s | vs copy (%.0f GB/s) |\n|---|---|---|---|---|\n", copy_gbs);
+  bool ok = true;
+  using G = flash3::ScaleGranularity;
+  for (G g : {G::kPerTensor, G::kPerHead, G::kPerBlock}) {
+    for (bool hadamard : {false, true}) {
+      flash3::ForwardArgs a;
+      a.batch = batch;
+      a.seqlen_q = a.seqlen_k = seqlen;
+      a.heads_q = a.heads_kv = heads;
+      a.head_dim = d;
+      a.q = flash3::contiguous<const void*>(q, seqlen, heads, d);
+      a.k = flash3::contiguous<const void*>(k, seqlen, heads, d);
+      a.v = flash3::contiguous<const void*>(v, seqlen, heads, d);
+      Fp8Inputs inputs;
+      flash3::ForwardArgs first = a;
+      flash3::Status s = inputs.quantize(first, g, hadamard);
+      char const* name = g == G::kPerTensor ? "tensor" : g == G::kPerHead ? "head" : "block";
+      if (!s.ok()) {
+        std::printf("| %s | %s | FAIL: %s | | |\n", name, hadamard ? "yes" : "no", s.message().c_str());
+        ok = false;
+        continue;
+      }
+      flash3::QuantizeArgs qa;
+      qa.batch = batch;
+      qa.seqlen_q = qa.seqlen_k = seqlen;
+      qa.heads_q = qa.heads_kv = heads;
+      qa.head_dim = d;
+      qa.q = a.q;
+      qa.k = a.k;
+      qa.v = a.v;
+      qa.q_out = flash3::contiguous<void*>(inputs.q, seqlen, heads, d);
+      qa.k_out = flash3::contiguous<void*>(inputs.k, seqlen, heads, d);
+      qa.v_out = flash3::contiguous<void*>(inputs.v, seqlen, heads, d);
+      qa.granularity = g;
+      qa.q_scale = inputs.q_scale;
+      qa.k_scale = inputs.k_scale;
+      qa.v_scale = inputs.v_scale;
+      qa.hadamard = hadamard;
+      double const ms = median_ms([&] { flash3::quantize_fp8(qa, nullptr); });
+      double const gbs = 3.0 * (n * 2 + n) / (ms * 1e-3) / 1e9;
+      std::printf("| %s | %s | %.3f | %.0f | %.2f |\n", name, hadamard ? "yes" : "no", ms, gbs, gbs / copy_gbs);
+    }
+  }
+  for (void* p : {(void*)q, (void*)k, (void*)v, (void*)dst}) cudaFree(p);
+  return ok ? 0 : 1;
 }
 
 }  // namespace
@@ -405,6 +682,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+  if (opt.fp8_accuracy) return run_fp8_accuracy();
+  if (opt.quant_bandwidth) return run_quant_bandwidth(opt.reps);
 
   std::vector<Config> configs;
   if (opt.ablation) {
@@ -431,11 +710,14 @@ int main(int argc, char** argv) {
         for (int64_t s : opt.seqlens) {
           for (Pass pass : opt.passes) {
             if (pass != Pass::kFwd && d > 128) continue;  // the backward pass covers head dims up to 128
+            if (pass != Pass::kFwd && opt.dtype == DType::kE4M3) continue;  // FP8: forward only
             Config c;
             c.pass = pass;
             c.deterministic = opt.deterministic;
             if (c.deterministic && pass != Pass::kFwd) c.variant = "deterministic";
             c.dtype = opt.dtype;
+            c.granularity = opt.granularity;
+            c.hadamard = opt.hadamard;
             c.head_dim = d;
             c.causal = causal;
             c.seqlen = s;
@@ -465,7 +747,7 @@ int main(int argc, char** argv) {
   for (Result const& r : results) {
     Config const& c = r.config;
     std::printf("| %s | %s | %s | %d | %s | %lld | %lld | %lld/%lld | %.3f | %.1f | %.2e | %.2e | %s |\n",
-                pass_name(c.pass), c.variant.c_str(), c.dtype == DType::kBF16 ? "bf16" : "fp16", c.head_dim,
+                pass_name(c.pass), c.variant.c_str(), dtype_name(c.dtype), c.head_dim,
                 c.causal ? "yes" : "no",
                 (long long)c.batch, (long long)c.seqlen, (long long)c.heads_q, (long long)c.heads_kv, r.ms, r.tflops,
                 r.max_err, r.ref_err, r.ok ? (opt.check ? "ok" : "unchecked") : ("FAIL: " + r.error).c_str());

@@ -9,9 +9,11 @@
 // implementation does.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <climits>
 
+#include "common/scale_view.h"
 #include "reference.h"
 
 namespace flash3::reference {
@@ -29,16 +31,36 @@ static_assert(kPvRows == 8, "P columns are read from shared memory as two float4
 template <class T>
 struct Precision;
 
+__device__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+__device__ float round_half(float x) { return __half2float(__float2half_rn(x)); }
+
+// What a straightforward implementation rounds, per input type: S and the
+// normalized P in the input precision for 16-bit inputs; for FP8, S stays
+// float32 (the GEMM's accumulator) and the unnormalized P = exp(S - max) is
+// rounded to e4m3 for the PV GEMM (normalized probabilities of long rows
+// would fall into e4m3's subnormals), O being divided by the row sum after.
 template <>
 struct Precision<__nv_bfloat16> {
   static __device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ float round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+  static __device__ float round_s(float x) { return round_bf16(x); }
+  static __device__ float round_p(float x) { return round_bf16(x); }
+  static constexpr bool kRoundsNormalizedP = true;
 };
 
 template <>
 struct Precision<__half> {
   static __device__ float to_float(__half x) { return __half2float(x); }
-  static __device__ float round(float x) { return __half2float(__float2half_rn(x)); }
+  static __device__ float round_s(float x) { return round_half(x); }
+  static __device__ float round_p(float x) { return round_half(x); }
+  static constexpr bool kRoundsNormalizedP = true;
+};
+
+template <>
+struct Precision<__nv_fp8_e4m3> {
+  static __device__ float to_float(__nv_fp8_e4m3 x) { return float(x); }
+  static __device__ float round_s(float x) { return x; }
+  static __device__ float round_p(float x) { return float(__nv_fp8_e4m3(x)); }
+  static constexpr bool kRoundsNormalizedP = false;
 };
 
 struct Params {
@@ -56,7 +78,15 @@ struct Params {
   float scale;
   bool causal;
   bool emulate;
+  bool out_bf16;  // O's rounding when emulating
+  // FP8 descale factors (data == nullptr: 1) and their row blocks.
+  flash3::ScaleView q_scale, k_scale, v_scale;
+  int64_t q_block, kv_block;
 };
+
+__device__ float descale(const flash3::ScaleView& s, int64_t b, int64_t h, int64_t row, int64_t block) {
+  return s.data ? s(b, h, row / block) : 1.0f;
+}
 
 __device__ float warp_max(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
@@ -72,12 +102,15 @@ __device__ float warp_sum(float x) {
 // float; keys past seqlen_k become 0 so that no stale value (NaN included)
 // meets a zero probability.
 template <class T>
-__device__ void load_tile(float* tile, const T* src, int64_t seq_stride, int64_t n0, const Params& p) {
+__device__ void load_tile(float* tile, const T* src, int64_t seq_stride, int64_t n0, const flash3::ScaleView& scale,
+                          int64_t b, int64_t h_kv, const Params& p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = warp; r < kBlockN; r += kWarps) {
     const int64_t j = n0 + r;
     for (int c = lane; c < p.head_dim; c += 32)
-      tile[r * p.kv_ld + c] = j < p.seqlen_k ? Precision<T>::to_float(src[j * seq_stride + c]) : 0.0f;
+      tile[r * p.kv_ld + c] =
+          j < p.seqlen_k ? Precision<T>::to_float(src[j * seq_stride + c]) * descale(scale, b, h_kv, j, p.kv_block)
+                         : 0.0f;
   }
 }
 
@@ -105,7 +138,7 @@ __device__ void scores(float (&s)[kRowsPerWarp], const float* q_t, const float* 
     const bool visible =
         row < p.seqlen_q && j < p.seqlen_k && (!p.causal || j <= row + p.seqlen_k - p.seqlen_q);
     const float x = s[i] * p.scale;
-    s[i] = visible ? (p.emulate ? Precision<T>::round(x) : x) : -INFINITY;
+    s[i] = visible ? (p.emulate ? Precision<T>::round_s(x) : x) : -INFINITY;
   }
 }
 
@@ -131,7 +164,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   for (int r = warp; r < kBlockM; r += kWarps) {
     const int64_t i = row0 + r;
     for (int c = lane; c < d; c += 32) {
-      q_t[c * kBlockM + r] = i < p.seqlen_q ? Precision<T>::to_float(q[i * p.q_seq_stride + c]) : 0.0f;
+      q_t[c * kBlockM + r] =
+          i < p.seqlen_q ? Precision<T>::to_float(q[i * p.q_seq_stride + c]) * descale(p.q_scale, b, h, i, p.q_block)
+                         : 0.0f;
       o_acc[r * d + c] = 0.0f;
     }
   }
@@ -153,7 +188,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   float s[kRowsPerWarp];
   for (int64_t n0 = 0; n0 < n_end; n0 += kBlockN) {
     __syncthreads();  // Q is stored; the last tile's readers are done
-    load_tile(kv, k, p.k_seq_stride, n0, p);
+    load_tile(kv, k, p.k_seq_stride, n0, p.k_scale, b, h_kv, p);
     __syncthreads();
     scores<T>(s, q_t, kv, row0, n0, p);
     for (int i = 0; i < kRowsPerWarp; ++i) {
@@ -168,17 +203,24 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   // Pass 2: P = exp(S - max) / sum, then O += P V.
   for (int64_t n0 = 0; n0 < n_end; n0 += kBlockN) {
     __syncthreads();
-    load_tile(kv, k, p.k_seq_stride, n0, p);
+    load_tile(kv, k, p.k_seq_stride, n0, p.k_scale, b, h_kv, p);
     __syncthreads();
     scores<T>(s, q_t, kv, row0, n0, p);
     float prob[kRowsPerWarp];
     for (int i = 0; i < kRowsPerWarp; ++i) {
-      prob[i] = row_sum[i] > 0.0f ? expf(s[i] - row_max[i]) / row_sum[i] : 0.0f;
-      if (p.emulate) prob[i] = Precision<T>::round(prob[i]);
+      if (row_sum[i] == 0.0f) {
+        prob[i] = 0.0f;
+      } else if (!p.emulate) {
+        prob[i] = expf(s[i] - row_max[i]) / row_sum[i];
+      } else if (Precision<T>::kRoundsNormalizedP) {
+        prob[i] = Precision<T>::round_p(expf(s[i] - row_max[i]) / row_sum[i]);
+      } else {
+        prob[i] = Precision<T>::round_p(expf(s[i] - row_max[i])) / row_sum[i];
+      }
     }
     __syncthreads();  // every thread is done with the K tile
     reinterpret_cast<float4*>(p_t)[lane * (kBlockM / 4) + warp] = make_float4(prob[0], prob[1], prob[2], prob[3]);
-    load_tile(kv, v, p.v_seq_stride, n0, p);
+    load_tile(kv, v, p.v_seq_stride, n0, p.v_scale, b, h_kv, p);
     __syncthreads();
     // Work item: column c of O for rows r0..r0+7; neighbouring threads take
     // neighbouring columns, so V reads are conflict-free and P reads broadcast.
@@ -211,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
     float* o_row = p.o + ((b * p.seqlen_q + i) * p.heads_q + h) * d;
     for (int c = lane; c < d; c += 32) {
       const float x = o_acc[r * d + c];
-      o_row[c] = p.emulate ? Precision<T>::round(x) : x;
+      o_row[c] = p.emulate ? (p.out_bf16 ? round_bf16(x) : round_half(x)) : x;
     }
   }
   if (p.lse && lane == 0) {
@@ -234,11 +276,12 @@ cudaError_t launch(const Params& p, int64_t grid, size_t smem_bytes, cudaStream_
 
 }  // namespace
 
-cudaError_t attention_gpu(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q,
-                          flash3::ConstTensor k, flash3::ConstTensor v, float* o, float* lse,
-                          bool emulate_low_precision, cudaStream_t stream) {
+namespace {
+
+cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q, flash3::ConstTensor k,
+                flash3::ConstTensor v, const flash3::Fp8Scales* fp8, float* o, float* lse,
+                bool emulate_low_precision, cudaStream_t stream) {
   if (!is_valid(shape) || q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1) return cudaErrorInvalidValue;
-  if (dtype != flash3::DType::kBF16 && dtype != flash3::DType::kFP16) return cudaErrorInvalidValue;
   if (shape.batch == 0 || shape.seqlen_q == 0) return cudaSuccess;
   if (!q.data || !o || (shape.seqlen_k > 0 && (!k.data || !v.data))) return cudaErrorInvalidValue;
 
@@ -276,10 +319,42 @@ cudaError_t attention_gpu(const AttentionShape& shape, flash3::DType dtype, flas
   p.scale = float(effective_scale(shape));
   p.causal = shape.causal;
   p.emulate = emulate_low_precision;
+  p.out_bf16 = dtype == flash3::DType::kBF16;
+  p.q_block = p.kv_block = 1;
+  if (fp8 != nullptr) {
+    const flash3::Fp8BlockSizes blocks = flash3::fp8_block_sizes(shape.head_dim);
+    if (blocks.q == 0 || !fp8->q || (shape.seqlen_k > 0 && (!fp8->k || !fp8->v))) return cudaErrorInvalidValue;
+    p.q_block = blocks.q;
+    p.kv_block = blocks.kv;
+    p.q_scale = flash3::make_scale_view(fp8->q, fp8->granularity, shape.heads_q, shape.seqlen_q, blocks.q);
+    p.k_scale = flash3::make_scale_view(fp8->k, fp8->granularity, shape.heads_kv, shape.seqlen_k, blocks.kv);
+    p.v_scale = flash3::make_scale_view(fp8->v, fp8->granularity, shape.heads_kv, shape.seqlen_k, blocks.kv);
+    p.out_bf16 = fp8->out_dtype == flash3::DType::kBF16;
+  }
 
   const size_t smem_bytes = size_t(smem_floats) * sizeof(float);
-  return dtype == flash3::DType::kBF16 ? launch<__nv_bfloat16>(p, grid, smem_bytes, stream)
-                                       : launch<__half>(p, grid, smem_bytes, stream);
+  switch (dtype) {
+    case flash3::DType::kBF16: return launch<__nv_bfloat16>(p, grid, smem_bytes, stream);
+    case flash3::DType::kFP16: return launch<__half>(p, grid, smem_bytes, stream);
+    case flash3::DType::kE4M3: return launch<__nv_fp8_e4m3>(p, grid, smem_bytes, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t attention_gpu(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q,
+                          flash3::ConstTensor k, flash3::ConstTensor v, float* o, float* lse,
+                          bool emulate_low_precision, cudaStream_t stream) {
+  if (dtype != flash3::DType::kBF16 && dtype != flash3::DType::kFP16) return cudaErrorInvalidValue;
+  return run(shape, dtype, q, k, v, nullptr, o, lse, emulate_low_precision, stream);
+}
+
+cudaError_t attention_gpu_fp8(const AttentionShape& shape, flash3::ConstTensor q, flash3::ConstTensor k,
+                              flash3::ConstTensor v, const flash3::Fp8Scales& scales, float* o, float* lse,
+                              bool emulate_low_precision, cudaStream_t stream) {
+  if (scales.out_dtype != flash3::DType::kBF16 && scales.out_dtype != flash3::DType::kFP16) return cudaErrorInvalidValue;
+  return run(shape, flash3::DType::kE4M3, q, k, v, &scales, o, lse, emulate_low_precision, stream);
 }
 
 }  // namespace flash3::reference

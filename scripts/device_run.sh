@@ -3,14 +3,14 @@
 # sweep, the Table 2 ablation and the SDPA peers, logs under $OUT, a short
 # summary last. Binaries are built on the workstation and carried in .device/
 # (scripts/stage_device.sh).
-#   scripts/device_run.sh [stage ...]   stages: test sanitize bench bwd ablation compare (default: all)
+#   scripts/device_run.sh [stage ...]   stages: test sanitize bench bwd fp8 ablation compare (default: all)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flash3-out}
 mkdir -p "$OUT"
 B=.device
-stages=${*:-test sanitize bench bwd ablation compare}
+stages=${*:-test sanitize bench bwd fp8 ablation compare}
 export PYTHONUNBUFFERED=1
 summary=()
 has() { [[ " $stages " == *" $1 "* ]]; }
@@ -34,8 +34,10 @@ if has sanitize; then
   # per-head dK/dV sum runs too, and deterministic mode's semaphores.
   bwd="--pass bwd --seqlen 200 --tokens 400 --hidden 256 --hdim 64,128 --gqa 2 --reps 1"
   bwd_det="--pass bwd --seqlen 300 --tokens 300 --hidden 128 --hdim 128 --causal 1 --deterministic --reps 1"
+  # FP8: the quantization and the kernel with its V transpose.
+  fp8="--dtype e4m3 --seqlen 300 --tokens 600 --hidden 256 --hdim 64,128,256 --hadamard --reps 1"
   for tool in memcheck racecheck synccheck; do
-    for args in "$small" "$dynamic" "$bwd" "$bwd_det"; do
+    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$fp8"; do
       timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/flash3-bench $args >>"$OUT/sanitize.log" 2>&1
       summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
     done
@@ -55,6 +57,15 @@ if has bwd; then
   summary+=("bench bwd deterministic rc=$?")
 fi
 
+if has fp8; then
+  timeout 300 $B/flash3-bench --dtype e4m3 --json "$OUT/bench_fp8.json" >"$OUT/bench_fp8.txt" 2>"$OUT/bench_fp8.err"
+  summary+=("bench fp8 rc=$?")
+  timeout 120 $B/flash3-bench --fp8-accuracy >"$OUT/fp8_accuracy.txt" 2>&1
+  summary+=("fp8 accuracy rc=$?")
+  timeout 120 $B/flash3-bench --quant-bandwidth >"$OUT/quant_bandwidth.txt" 2>&1
+  summary+=("quant bandwidth rc=$?")
+fi
+
 if has ablation; then
   timeout 120 $B/flash3-bench --ablation --json "$OUT/ablation.json" >"$OUT/ablation.txt" 2>&1
   summary+=("ablation rc=$?")
@@ -70,6 +81,7 @@ echo
 for f in ablation.txt compare.txt; do [ -f "$OUT/$f" ] && { echo "== $f"; grep -E '^\||beats|device' "$OUT/$f"; }; done
 [ -f "$OUT/bench.txt" ] && [ ! -f "$OUT/compare.txt" ] && { echo "== bench.txt"; grep '^|' "$OUT/bench.txt"; }
 [ -f "$OUT/bench_bwd.txt" ] && [ ! -f "$OUT/compare.txt" ] && { echo "== bench_bwd.txt"; grep '^|' "$OUT/bench_bwd.txt"; }
+for f in bench_fp8.txt fp8_accuracy.txt quant_bandwidth.txt; do [ -f "$OUT/$f" ] && { echo "== $f"; grep -E '^\|' "$OUT/$f"; }; done
 [ -f "$OUT/bench_bwd_det.txt" ] && { echo "== bench_bwd_det.txt (deterministic)"; grep '^| bwd' "$OUT/bench_bwd_det.txt"; }
 echo "== summary"
 printf '%s\n' "${summary[@]}"

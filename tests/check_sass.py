@@ -2,10 +2,10 @@
 """Checks the compiled attention kernels' machine code, without a GPU.
 
 Every forward and backward kernel must use the Hopper paths the design relies
-on: HGMMA (warpgroup MMA), UTMALDG (TMA loads), USETMAXREG (setmaxnreg), and
+on: HGMMA (warpgroup MMA; QGMMA for the FP8 kernels), UTMALDG (TMA loads), USETMAXREG (setmaxnreg), and
 TMA for its output (UTMASTG: the forward's O; UTMAREDG: the backward's dQ
 reduce-add); and no
-mainloop (an innermost loop that issues HGMMA) may touch local memory
+mainloop (an innermost loop that issues warpgroup MMAs) may touch local memory
 (LDL/STL: register spills or stack arrays). Local memory outside the mainloops
 is listed, so that it stays visible.
 """
@@ -24,16 +24,25 @@ REQUIRED = {
 def kind(name):
     """The REQUIRED key of a checked kernel, or None."""
     return next((k for k in REQUIRED if k in name), None)
+
+
+def mma_op(name):
+    """The warpgroup MMA of a kernel: QGMMA for FP8 (e4m3) inputs, else HGMMA."""
+    return "QGMMA" if "float_e4m3" in name else "HGMMA"
+
+
+def required(name):
+    return tuple(mma_op(name) if op == "HGMMA" else op for op in REQUIRED[kind(name)])
 LOCAL = re.compile(r"\b(LDL|STL)(\.|\s)")
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 BRANCH = re.compile(r"\bBRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))")
 
 
-def mainloops(body):
-    """Address ranges of the innermost loops that issue HGMMA.
+def mainloops(body, mma="HGMMA"):
+    """Address ranges of the innermost loops that issue `mma`.
 
     A loop is a backward branch [target, branch]; among the loops holding an
-    HGMMA, those holding no smaller such loop are the mainloops. The compiler
+    MMA, those holding no smaller such loop are the mainloops. The compiler
     moves the retry paths of barrier waits out of line: a forward branch jumps
     to them and they branch back to the instruction after it. Such a return is
     no loop.
@@ -53,7 +62,7 @@ def mainloops(body):
         if target < jump_out <= addr:
             continue  # the return of an out-of-line path
         loops.append((target, addr))
-    hot = [(lo, hi) for lo, hi in loops if any(lo <= a <= hi and "HGMMA" in t for a, t in code)]
+    hot = [(lo, hi) for lo, hi in loops if any(lo <= a <= hi and mma in t for a, t in code)]
     inner = [l for l in hot if not any(o != l and l[0] <= o[0] and o[1] <= l[1] for o in hot)]
     return code, inner
 
@@ -82,12 +91,12 @@ def check(objects, cuobjdump, nvdisasm):
             if not kind(name):
                 continue
             kernels += 1
-            missing = [op for op in REQUIRED[kind(name)] if op not in body]
+            missing = [op for op in required(name) if op not in body]
             if missing:
                 failures.append(f"{obj}: {name}: no {', '.join(missing)}")
-            code, loops = mainloops(body)
+            code, loops = mainloops(body, mma_op(name))
             if not loops:
-                failures.append(f"{obj}: {name}: no loop issuing HGMMA found")
+                failures.append(f"{obj}: {name}: no loop issuing {mma_op(name)} found")
             for addr, text in code:
                 if LOCAL.search(text):
                     where = [l for l in loops if l[0] <= addr <= l[1]]

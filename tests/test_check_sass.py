@@ -35,3 +35,12 @@ def test_out_of_line_wait_retry_is_no_loop():
                 (0x40, "LDL R3, [R1]"), (0x50, "EXIT"), (0x60, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR8], R2"),
                 (0x70, "@!P0 BRA 0x60"), (0x80, "BRA 0x30"))
     assert local_in_mainloops(body) == []
+
+
+def test_fp8_kernels_need_qgmma():
+    name = "_ZN6flash33fwd14forward_kernelINS0_9FwdTraitsIN7cutlass12float_e4m3_tELi128E"
+    assert check_sass.required(name) == ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG")
+    body = sass((0x10, "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24"), (0x20, "LDL R3, [R1]"),
+                (0x30, "@P0 BRA 0x10"), (0x40, "EXIT"))
+    code, loops = check_sass.mainloops(body, check_sass.mma_op(name))
+    assert loops == [(0x10, 0x30)]

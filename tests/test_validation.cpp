@@ -72,6 +72,68 @@ TEST(Validation, DtypeAndScale) {
   expect_invalid([](ForwardArgs& a) { a.dtype = static_cast<flash3::DType>(7); }, "dtype");
   expect_invalid([](ForwardArgs& a) { a.softmax_scale = NAN; }, "softmax_scale");
   expect_invalid([](ForwardArgs& a) { a.softmax_scale = INFINITY; }, "softmax_scale");
+  expect_invalid([](ForwardArgs& a) { a.softmax_scale = -0.125f; }, "softmax_scale");
+}
+
+// FP8 inputs (1-byte elements) with per-block scales.
+ForwardArgs valid_fp8_args() {
+  ForwardArgs a = valid_args();
+  a.dtype = flash3::DType::kE4M3;
+  a.fp8.granularity = flash3::ScaleGranularity::kPerBlock;
+  a.fp8.q = reinterpret_cast<const float*>(0x50000);
+  a.fp8.k = reinterpret_cast<const float*>(0x51000);
+  a.fp8.v = reinterpret_cast<const float*>(0x52000);
+  return a;
+}
+
+void expect_invalid_fp8(std::function<void(ForwardArgs&)> const& edit, std::string const& names) {
+  ForwardArgs a = valid_fp8_args();
+  edit(a);
+  Status s = flash3::validate(a);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << names;
+  EXPECT_EQ(s.message().rfind(names, 0), 0u) << "message '" << s.message() << "' should start with '" << names << "'";
+}
+
+TEST(Validation, Fp8) {
+  EXPECT_TRUE(flash3::validate(valid_fp8_args()).ok());
+  for (int d : {64, 256}) {
+    ForwardArgs a = valid_fp8_args();
+    a.head_dim = d;
+    for (auto* t : {&a.q.seq_stride, &a.k.seq_stride, &a.v.seq_stride, &a.o.seq_stride}) *t = 16 * d;
+    EXPECT_TRUE(flash3::validate(a).ok()) << d;
+  }
+  expect_invalid_fp8([](ForwardArgs& a) { a.head_dim = 96; }, "head_dim");
+  expect_invalid_fp8([](ForwardArgs& a) { a.head_dim = 192; }, "head_dim");
+  expect_invalid_fp8([](ForwardArgs& a) { a.fp8.q = nullptr; }, "fp8.q");
+  expect_invalid_fp8([](ForwardArgs& a) { a.fp8.k = nullptr; }, "fp8.k");
+  expect_invalid_fp8([](ForwardArgs& a) { a.fp8.v = reinterpret_cast<const float*>(0x52002); }, "fp8.v");
+  expect_invalid_fp8([](ForwardArgs& a) { a.fp8.out_dtype = flash3::DType::kE4M3; }, "fp8.out_dtype");
+  expect_invalid_fp8([](ForwardArgs& a) { a.fp8.granularity = static_cast<flash3::ScaleGranularity>(5); },
+                     "fp8.granularity");
+  // TMA: strides of 16 bytes are 16 e4m3 elements (O stays 16-bit).
+  expect_invalid_fp8([](ForwardArgs& a) { a.q.seq_stride = a.heads_q * a.head_dim + 8; }, "q.seq_stride");
+  expect_invalid_fp8([](ForwardArgs& a) { a.o.seq_stride = a.heads_q * a.head_dim + 4; }, "o.seq_stride");
+  expect_invalid_fp8([](ForwardArgs& a) { a.v.data = reinterpret_cast<const void*>(0x30008); }, "v.data");
+  // No keys: K and V's scales are not read.
+  ForwardArgs a = valid_fp8_args();
+  a.seqlen_k = 0;
+  a.fp8.k = a.fp8.v = nullptr;
+  EXPECT_TRUE(flash3::validate(a).ok());
+}
+
+TEST(Validation, Fp8BlocksAndScaleCounts) {
+  using flash3::ScaleGranularity;
+  for (int d : {64, 128, 256}) {
+    flash3::Fp8BlockSizes const b = flash3::fp8_block_sizes(d);
+    EXPECT_EQ(b.q, 128) << d;
+    EXPECT_TRUE(b.kv == 64 || b.kv == 128) << d;
+  }
+  EXPECT_EQ(flash3::fp8_block_sizes(96).q, 0);
+  EXPECT_EQ(flash3::fp8_scale_count(ScaleGranularity::kPerTensor, 3, 4, 1000, 128), 1);
+  EXPECT_EQ(flash3::fp8_scale_count(ScaleGranularity::kPerHead, 3, 4, 1000, 128), 12);
+  EXPECT_EQ(flash3::fp8_scale_count(ScaleGranularity::kPerBlock, 3, 4, 1000, 128), 3 * 4 * 8);
+  EXPECT_EQ(flash3::fp8_scale_count(ScaleGranularity::kPerBlock, 3, 4, 1024, 128), 3 * 4 * 8);
+  EXPECT_EQ(flash3::fp8_scale_count(ScaleGranularity::kPerBlock, 3, 4, 0, 128), 0);
 }
 
 TEST(Validation, Pointers) {
@@ -178,6 +240,7 @@ TEST(BackwardValidation, SharedChecks) {
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.head_dim = 256; }, "head_dim");  // not built for backward
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.softmax_scale = NAN; }, "softmax_scale");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.dtype = static_cast<flash3::DType>(9); }, "dtype");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dtype = flash3::DType::kE4M3; }, "dtype");
 }
 
 TEST(BackwardValidation, TensorsOfTheBackward) {

@@ -17,7 +17,9 @@ typedef struct CUstream_st* cudaStream_t;
 
 namespace flash3 {
 
-enum class DType { kBF16, kFP16 };
+// kE4M3: FP8 (e4m3) inputs of the forward pass, with descale factors in
+// ForwardArgs::fp8 (see quantize_fp8 below).
+enum class DType { kBF16, kFP16, kE4M3 };
 
 // Every entry point returns a Status; none throws and none launches anything
 // when the arguments are invalid.
@@ -68,14 +70,42 @@ struct KernelOptions {
   bool persistent = true;          // one CTA per SM, tiles handed out by the scheduler
 };
 
+// FP8 inputs carry float32 descale factors: a stored value x stands for
+// x * scale. One scale per tensor, per (batch, head), or per block of rows,
+// the blocks being the kernel's tiles (fp8_block_sizes), so that the kernel
+// applies them at no extra pass.
+enum class ScaleGranularity { kPerTensor, kPerHead, kPerBlock };
+
+// Rows per scale block with kPerBlock: `q` query rows, `kv` key/value rows.
+struct Fp8BlockSizes {
+  int64_t q = 0;
+  int64_t kv = 0;
+};
+Fp8BlockSizes fp8_block_sizes(int64_t head_dim);
+
+// Number of float32 scales of one tensor: 1 (per tensor), batch * heads (per
+// head, laid out [batch, heads]) or batch * heads * ceil(seqlen / block) (per
+// block, laid out [batch, heads, blocks]).
+int64_t fp8_scale_count(ScaleGranularity granularity, int64_t batch, int64_t heads, int64_t seqlen,
+                        int64_t block);
+
+struct Fp8Scales {
+  ScaleGranularity granularity = ScaleGranularity::kPerTensor;
+  const float* q = nullptr;  // heads_q, seqlen_q, block fp8_block_sizes().q
+  const float* k = nullptr;  // heads_kv, seqlen_k, block fp8_block_sizes().kv
+  const float* v = nullptr;  // heads_kv, seqlen_k, block fp8_block_sizes().kv
+  DType out_dtype = DType::kBF16;  // O's dtype: kBF16 or kFP16
+};
+
 struct ForwardArgs {
+  // Q, K, V's dtype; O's too, except for kE4M3, whose O is in fp8.out_dtype.
   DType dtype = DType::kBF16;
   int64_t batch = 0;
   int64_t seqlen_q = 0;
   int64_t seqlen_k = 0;
   int64_t heads_q = 0;
   int64_t heads_kv = 0;  // heads_q % heads_kv == 0: MHA (equal), GQA, MQA (1)
-  int64_t head_dim = 0;  // 64, 96, 128, 192 or 256
+  int64_t head_dim = 0;  // 64, 96, 128, 192 or 256 (kE4M3: 64, 128 or 256)
 
   ConstTensor q;   // [batch, seqlen_q, heads_q, head_dim]
   ConstTensor k;   // [batch, seqlen_k, heads_kv, head_dim]
@@ -94,6 +124,8 @@ struct ForwardArgs {
   // Causal mask aligned to the bottom-right corner: query i sees key j iff
   // j <= i + seqlen_k - seqlen_q (FlashAttention-2/3's convention).
   bool causal = false;
+
+  Fp8Scales fp8;  // with dtype kE4M3 only
 
   KernelOptions options;
 };
@@ -157,5 +189,40 @@ Status validate(const BackwardArgs& args);
 
 // Validates, then enqueues the backward kernels on `stream` (asynchronous).
 Status backward(const BackwardArgs& args, cudaStream_t stream);
+
+// FP8 quantization for the forward pass (paper §3.3): Q, K, V in bf16/fp16
+// (any strides) to e4m3 and their descale factors: one fused pass per tensor
+// with per-block scales; an amax pass, then the quantizing pass, per tensor
+// with per-tensor and per-head scales. Each scale is amax / 448 over its group (1 for an all-zero group).
+// With `hadamard`, Q and K are first multiplied by the same random orthogonal
+// matrix M = diag(random signs) * H / sqrt(head_dim) (H a Hadamard matrix,
+// applied as a fast Walsh-Hadamard transform), which spreads outliers over the
+// head dim before rounding; (QM)(KM)^T = QK^T, so attention is unchanged up to
+// rounding. V is never transformed. The signs come from `seed` alone.
+struct QuantizeArgs {
+  DType dtype = DType::kBF16;  // of q, k, v: kBF16 or kFP16
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t heads_q = 0;
+  int64_t heads_kv = 0;
+  int64_t head_dim = 0;  // 64, 128 or 256
+
+  ConstTensor q, k, v;             // inputs, laid out as in ForwardArgs
+  MutableTensor q_out, k_out, v_out;  // e4m3 outputs, same shapes
+  ScaleGranularity granularity = ScaleGranularity::kPerBlock;
+  // Outputs of fp8_scale_count() floats each, in the layout Fp8Scales reads.
+  float* q_scale = nullptr;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
+
+  bool hadamard = false;  // incoherent processing of Q and K
+  uint64_t seed = 0;
+};
+
+Status validate(const QuantizeArgs& args);
+
+// Validates, then enqueues the quantization on `stream` (asynchronous).
+Status quantize_fp8(const QuantizeArgs& args, cudaStream_t stream);
 
 }  // namespace flash3

@@ -10,6 +10,7 @@
 namespace flash3 {
 
 template <DType kDType>
-using ElementOf = std::conditional_t<kDType == DType::kBF16, cutlass::bfloat16_t, cutlass::half_t>;
+using ElementOf = std::conditional_t<kDType == DType::kBF16, cutlass::bfloat16_t,
+                                     std::conditional_t<kDType == DType::kFP16, cutlass::half_t, cutlass::float_e4m3_t>>;
 
 }  // namespace flash3

@@ -40,6 +40,25 @@ CUTE_DEVICE auto convert_fragment(Tensor<Engine, Layout> const& src) {
   return dst;
 }
 
+// FP8 (§3.3, Figures 3 and 4): P as the A operand of an 8-bit RS WGMMA, an
+// A fragment ((4, 2, 2), MMA_M, N/32) taking k = 4t..4t+3 and 16+4t..16+4t+3
+// for thread t of a quad. The accumulator's registers are used as they are,
+// in this order: a thread's columns {2t, 2t+1, 8+2t, 9+2t} become k =
+// 4t..4t+3, and V^T's keys are permuted to match (fwd/transpose_v.h). Only
+// bytes move (the converter packs pairs, then byte permutes), no shuffles.
+template <class To, class Engine, class AccLayout>
+CUTE_DEVICE auto accumulator_to_fp8_operand_a(Tensor<Engine, AccLayout> const& acc) {
+  constexpr int kChunks = decltype(size(acc))::value / 16;  // 32 columns each
+  // A index (kk0 + 2 kk1, row half, k half, chunk) -> accumulator index
+  // kk0 + 2 (row half) + 4 (4 chunk + 2 (k half) + kk1).
+  Tensor in_a_order = make_tensor(acc.data(), cute::Layout<Shape<Shape<_2, _2>, _2, _2, Int<kChunks>>,
+                                                     Stride<Stride<_1, _4>, _2, _8, _16>>{});
+  Tensor gathered = make_tensor<float>(cute::Layout<Shape<Shape<_4, _2, _2>, _1, Int<kChunks>>>{});
+  CUTE_UNROLL
+  for (int i = 0; i < size(gathered); ++i) gathered(i) = in_a_order(i);
+  return convert_fragment<To>(gathered);
+}
+
 // Issues one warpgroup GEMM C (+)= A B over all k-blocks and commits it as one
 // WGMMA batch; the caller waits with warpgroup_wait<N>(). A is a register
 // fragment (RS) or a shared-memory descriptor (SS).

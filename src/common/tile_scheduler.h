@@ -8,11 +8,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FLASH3_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define FLASH3_HOST_DEVICE inline
-#endif
+#include "common/host_device.h"
 
 namespace flash3 {
 

@@ -21,13 +21,22 @@ Status run_forward_causal(ForwardArgs const& a, DeviceInfo const& device, cudaSt
   using Element = ElementOf<kDType>;
   bool const pingpong = a.options.pingpong;
   bool const overlap = a.options.intra_warpgroup_overlap;
-  if (pingpong && overlap) {
-    return launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, true>>(a, device, stream);
-  }
-  if constexpr (kHasAblations<kDType, kHeadDim>) {
-    if (!pingpong && overlap) return launch_forward<FwdTraits<Element, kHeadDim, kCausal, false, true>>(a, device, stream);
-    if (pingpong && !overlap) return launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, false>>(a, device, stream);
-    return launch_forward<FwdTraits<Element, kHeadDim, kCausal, false, false>>(a, device, stream);
+  if constexpr (kDType == DType::kE4M3) {
+    // FP8: O in bf16 or fp16.
+    if (pingpong && overlap) {
+      return a.fp8.out_dtype == DType::kBF16
+                 ? launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, true, cutlass::bfloat16_t>>(a, device, stream)
+                 : launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, true, cutlass::half_t>>(a, device, stream);
+    }
+  } else {
+    if (pingpong && overlap) {
+      return launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, true>>(a, device, stream);
+    }
+    if constexpr (kHasAblations<kDType, kHeadDim>) {
+      if (!pingpong && overlap) return launch_forward<FwdTraits<Element, kHeadDim, kCausal, false, true>>(a, device, stream);
+      if (pingpong && !overlap) return launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, false>>(a, device, stream);
+      return launch_forward<FwdTraits<Element, kHeadDim, kCausal, false, false>>(a, device, stream);
+    }
   }
   return Status(Status::Code::kUnsupported,
                 "options: switching off pingpong or intra_warpgroup_overlap is only built for bf16, head_dim 128");

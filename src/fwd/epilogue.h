@@ -14,7 +14,7 @@ namespace flash3::fwd {
 
 template <class Traits>
 struct Epilogue {
-  using Element = typename Traits::Element;
+  using Element = typename Traits::ElementO;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kNumConsumerThreads = Traits::kNumConsumerThreads;

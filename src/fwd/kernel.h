@@ -2,6 +2,7 @@
 // split, persistent over the tiles the scheduler hands out.
 //
 //   warpgroup 0      producer: setmaxnreg down, TMA loads of Q, K_j, V_j
+//                    (warp 0); FP8: V_j's transpose (warps 1-3)
 //   warpgroups 1, 2  consumers: setmaxnreg up, the mainloop (Algorithm 2),
 //                    the epilogue
 #pragma once
@@ -16,6 +17,7 @@
 #include "fwd/mainloop.h"
 #include "fwd/softmax.h"
 #include "fwd/traits.h"
+#include "fwd/transpose_v.h"
 
 namespace flash3::fwd {
 
@@ -26,6 +28,7 @@ struct Kernel {
   using SharedStorage = typename Traits::SharedStorage;
   using PipelineK = typename Traits::PipelineK;
   using PipelineV = typename Traits::PipelineV;
+  using PipelineVLoad = typename Traits::PipelineVLoad;
   using PipelineState = typename PipelineK::PipelineState;
   using PipelineTile = typename Traits::PipelineTile;
 
@@ -37,7 +40,6 @@ struct Kernel {
     // taking the next when it finishes one (greedy LPT, for the causal mask's
     // unequal tiles). nullptr: CTA c takes tiles c, c + grid, ... (equal tiles).
     int* tile_counter;
-    float softmax_scale;
   };
 
   // The producer warp picks each next tile and hands it to the consumers
@@ -70,11 +72,40 @@ struct Kernel {
     pipeline_params.is_leader = threadIdx.x == 0;
     pipeline_params.num_consumers = Traits::kNumConsumerThreads;
     PipelineK pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
-    PipelineV pipeline_v(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+    // The transposing threads: FP8's producer warps 1-3.
+    bool const transposer = Traits::kFp8 && warp_group == 0 && warp_in_group != 0;
+    auto pipeline_v = [&] {
+      if constexpr (Traits::kFp8) {
+        // Transposer -> consumers.
+        typename PipelineV::Params params_v;
+        params_v.role = transposer ? PipelineV::ThreadCategory::Producer
+                        : warp_group > 0 ? PipelineV::ThreadCategory::Consumer
+                                         : PipelineV::ThreadCategory::NonParticipant;
+        params_v.producer_arv_count = Traits::kNumTransposeThreads;
+        params_v.consumer_arv_count = Traits::kNumConsumerThreads;
+        return PipelineV(smem.pipeline_v, params_v);
+      } else {
+        return PipelineV(smem.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+      }
+    }();
+    // FP8: the TMA load of V, from warp 0 to the transposers.
+    auto pipeline_v_load = [&] {
+      if constexpr (Traits::kFp8) {
+        typename PipelineVLoad::Params params_load = pipeline_params;
+        params_load.role = warp_group > 0 ? PipelineVLoad::ThreadCategory::NonParticipant
+                           : transposer   ? PipelineVLoad::ThreadCategory::Consumer
+                                          : PipelineVLoad::ThreadCategory::Producer;
+        params_load.num_consumers = Traits::kNumTransposeThreads;
+        return PipelineVLoad(smem.pipeline_v_load, params_load, Shape<_1, _1, _1>{});
+      } else {
+        return 0;
+      }
+    }();
     typename PipelineTile::Params tile_params;
-    tile_params.role = warp_group == 0 ? PipelineTile::ThreadCategory::Producer : PipelineTile::ThreadCategory::Consumer;
+    tile_params.role = warp_group == 0 && !transposer ? PipelineTile::ThreadCategory::Producer
+                                                      : PipelineTile::ThreadCategory::Consumer;
     tile_params.producer_arv_count = cutlass::NumThreadsPerWarp;
-    tile_params.consumer_arv_count = Traits::kNumConsumerThreads;
+    tile_params.consumer_arv_count = Traits::kNumConsumerThreads + Traits::kNumTransposeThreads;
     PipelineTile pipeline_tile(smem.pipeline_tile, tile_params);
     __syncthreads();  // barriers initialised before anyone waits on them
 
@@ -85,7 +116,38 @@ struct Kernel {
                          params.mainloop.seqlen_k, Traits::kCausal);
     };
 
-    if (warp_group == 0) {
+    if (transposer) {
+      // FP8: each V_j, once loaded, to V_j^T for the PV GEMM.
+      cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+      if constexpr (Traits::kFp8) {
+        int const thread_idx = threadIdx.x - cutlass::NumThreadsPerWarp;
+        constexpr uint32_t kStageBytes = Traits::kBlockN * Traits::kHeadDim;  // one byte per element
+        uint32_t const v = cute::cast_smem_ptr_to_uint(smem.v.data());
+        uint32_t const vt = cute::cast_smem_ptr_to_uint(smem.vt.data());
+        PipelineState read_v_load, write_v = cutlass::make_producer_start_state<PipelineV>();
+        typename PipelineTile::PipelineState read_tile;
+        for (;;) {
+          pipeline_tile.consumer_wait(read_tile);
+          int const t = smem.tile_index;
+          pipeline_tile.consumer_release(read_tile);
+          ++read_tile;
+          if (t >= num_tiles) break;
+          BlockRange const range = range_of(scheduler.tile(t));
+          for (int n = range.n_block_min; n < range.n_block_max; ++n) {
+            pipeline_v_load.consumer_wait(read_v_load);
+            pipeline_v.producer_acquire(write_v);
+            TransposeV<Traits>::run(v + read_v_load.index() * kStageBytes, vt + write_v.index() * kStageBytes,
+                                    thread_idx);
+            // The GEMM reads V^T through the async proxy.
+            cutlass::arch::fence_view_async_shared();
+            pipeline_v.producer_commit(write_v);
+            pipeline_v_load.consumer_release(read_v_load);
+            ++write_v;
+            ++read_v_load;
+          }
+        }
+      }
+    } else if (warp_group == 0) {
       // Producer (lines 2-10).
       cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
       if (warp_in_group != 0) return;
@@ -100,8 +162,13 @@ struct Kernel {
         ++write_tile;
         if (t >= num_tiles) break;
         TileCoord const tile = scheduler.tile(t);
-        MainloopT::load(params.mainloop, smem, pipeline_k, pipeline_v, write_k, write_v, tile, range_of(tile),
-                        iteration, lane_leader);
+        if constexpr (Traits::kFp8) {
+          MainloopT::load(params.mainloop, smem, pipeline_k, pipeline_v_load, write_k, write_v, tile,
+                          range_of(tile), iteration, lane_leader);
+        } else {
+          MainloopT::load(params.mainloop, smem, pipeline_k, pipeline_v, write_k, write_v, tile, range_of(tile),
+                          iteration, lane_leader);
+        }
       }
     } else {
       // Consumers (lines 11-26).
@@ -124,11 +191,13 @@ struct Kernel {
         TileCoord const tile = scheduler.tile(t);
         clear(tOrO);
         softmax.reset();
-        MainloopT::mma(params.mainloop, smem, pipeline_k, pipeline_v, read_k, read_v, tOrO, softmax, tile,
-                       range_of(tile), q_phase, thread_idx);
+        float const o_descale = MainloopT::mma(params.mainloop, smem, pipeline_k, pipeline_v, read_k, read_v, tOrO,
+                                               softmax, tile, range_of(tile), q_phase, thread_idx);
         // Line 24: O / l and the LSE.
         float o_scale[2], lse[2];
-        softmax.finalize(o_scale, lse, params.softmax_scale);
+        softmax.finalize(o_scale, lse);
+        o_scale[0] *= o_descale;
+        o_scale[1] *= o_descale;
         rescale_rows(tOrO, o_scale);
         EpilogueT::store(params.epilogue, smem, tOrO, lse, tile);
       }

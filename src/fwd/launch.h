@@ -10,6 +10,7 @@
 
 #include "api/device.h"
 #include "common/gmem_tensor.h"
+#include "common/scale_view.h"
 #include "flash3/flash3.h"
 #include "fwd/kernel.h"
 
@@ -20,13 +21,21 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   using KernelT = Kernel<Traits>;
   typename KernelT::Params params;
   float const scale = a.softmax_scale != 0.f ? a.softmax_scale : 1.f / std::sqrt(float(a.head_dim));
+  // FP8's descale factors; per-block ones are laid out by the kernel's tiles.
+  ScaleView q_scale, k_scale, v_scale;
+  if constexpr (Traits::kFp8) {
+    ScaleGranularity const g = a.fp8.granularity;
+    q_scale = make_scale_view(a.fp8.q, g, a.heads_q, a.seqlen_q, Traits::kBlockM);
+    k_scale = make_scale_view(a.fp8.k, g, a.heads_kv, a.seqlen_k, Traits::kBlockN);
+    v_scale = make_scale_view(a.fp8.v, g, a.heads_kv, a.seqlen_k, Traits::kBlockN);
+  }
   params.mainloop = KernelT::MainloopT::make_params(
       gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch), gmem_tensor<Traits>(a.k, a.seqlen_k, a.heads_kv, a.batch),
       gmem_tensor<Traits>(a.v, a.seqlen_k, a.heads_kv, a.batch), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
-      int(a.seqlen_k), scale);
-  params.epilogue = KernelT::EpilogueT::make_params(gmem_tensor<Traits>(a.o, a.seqlen_q, a.heads_q, a.batch), a.lse,
-                                                    int(a.seqlen_q), int(a.heads_q));
-  params.softmax_scale = scale;
+      int(a.seqlen_k), scale, q_scale, k_scale, v_scale);
+  params.epilogue = KernelT::EpilogueT::make_params(
+      gmem_tensor<Traits, void*, typename Traits::ElementO>(a.o, a.seqlen_q, a.heads_q, a.batch), a.lse,
+      int(a.seqlen_q), int(a.heads_q));
 
   int const num_m_blocks = int((a.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
   // K and V bytes one query head reads, shared by the heads of its GQA group.

@@ -8,6 +8,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "common/layout.h"
+#include "common/scale_view.h"
 #include "common/tile_scheduler.h"
 #include "fwd/block_range.h"
 #include "fwd/mask.h"
@@ -54,10 +55,16 @@ struct Mainloop {
     int seqlen_q;
     int seqlen_k;
     float scale_log2;  // softmax_scale * log2(e)
+    // FP8's descale factors, per (batch, head, block) of Q (block M) and of
+    // K and V (block N).
+    ScaleView q_scale;
+    ScaleView k_scale;
+    ScaleView v_scale;
   };
 
   static Params make_params(GmemTensor const& q, GmemTensor const& k, GmemTensor const& v, int head_group,
-                            int seqlen_q, int seqlen_k, float softmax_scale) {
+                            int seqlen_q, int seqlen_k, float softmax_scale, ScaleView q_scale = {},
+                            ScaleView k_scale = {}, ScaleView v_scale = {}) {
     return {make_tma_copy(SM90_TMA_LOAD{}, q, SmemLayoutQ{}, select<0, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(SmemLayoutV{}), select<1, 2>(TileShapeQK{}), _1{}),
@@ -66,7 +73,10 @@ struct Mainloop {
             head_group,
             seqlen_q,
             seqlen_k,
-            softmax_scale * float(M_LOG2E)};
+            softmax_scale * float(M_LOG2E),
+            q_scale,
+            k_scale,
+            v_scale};
   }
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -77,10 +87,11 @@ struct Mainloop {
 
   // ---------------------------------------------------------------- producer
   // Run by one warp of the producer warpgroup; `leader` is one elected lane,
-  // which issues the copies. Key blocks are walked from the last to the first
+  // which issues the copies. pipeline_v is V's TMA load (FP8: into the
+  // buffer the transpose reads). Key blocks are walked from the last to the first
   // so that the masked blocks come first (the consumer does the same).
   CUTE_DEVICE static void load(Params const& p, SharedStorage& smem, PipelineK& pipeline_k,
-                               PipelineV& pipeline_v, PipelineState& write_k, PipelineState& write_v,
+                               typename Traits::PipelineVLoad& pipeline_v, PipelineState& write_k, PipelineState& write_v,
                                TileCoord tile, BlockRange range, int tile_iteration, bool leader) {
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
     Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
@@ -166,9 +177,11 @@ struct Mainloop {
   }
 
   // O (un-normalised) and the softmax state for one tile. thread_idx counts
-  // the consumer threads from 0.
+  // the consumer threads from 0. Returns the factor O still needs besides
+  // 1 / l: FP8's V descale of the last block (O is held in units of the
+  // descale of the block last added), else 1.
   template <class FragO, class Softmax>
-  CUTE_DEVICE static void mma(Params const& p, SharedStorage& smem, PipelineK& pipeline_k,
+  CUTE_DEVICE static float mma(Params const& p, SharedStorage& smem, PipelineK& pipeline_k,
                               PipelineV& pipeline_v, PipelineState& read_k, PipelineState& read_v,
                               FragO& tOrO, Softmax& softmax, TileCoord tile, BlockRange range,
                               int q_phase, int thread_idx) {
@@ -180,22 +193,57 @@ struct Mainloop {
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.qo.q.data()), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutVt{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem_vt(smem)), SmemLayoutVt{});
     Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ);
     Tensor tSrK = thr_mma_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K, stages)
     Tensor tOrV = thr_mma_pv.partition_fragment_B(sVt);   // (MMA, MMA_N, MMA_K, stages)
 
     Tensor tSrS = partition_fragment_C(tiled_mma_qk, select<0, 1>(TileShapeQK{}));
-    Tensor rP = make_tensor<Element>(tSrS.layout());
-    Tensor tOrP = make_tensor(rP.data(), accumulator_as_operand_a(rP.layout()));
+    auto operand_p = [](auto const& acc_s) {
+      if constexpr (Traits::kFp8) {
+        return accumulator_to_fp8_operand_a<Element>(acc_s);
+      } else {
+        return convert_fragment<Element>(make_tensor(acc_s.data(), accumulator_as_operand_a(acc_s.layout())));
+      }
+    };
+    decltype(operand_p(tSrS)) tOrP;
     float o_scale[Softmax::kRowsPerThread];
+
+    // FP8: S's descale is Q's times K's block's; O's rescale between blocks
+    // also carries V's descale, from the previous block's to this one's.
+    int const head_kv = tile.head / p.head_group;
+    float const q_descale = Traits::kFp8 ? p.q_scale(tile.batch, tile.head, tile.m_block) : 1.f;
+    float v_descale = 1.f;
+    // Key block n's descales, loaded before its GEMMs are issued so that the
+    // loads' latency hides behind them.
+    struct BlockDescale {
+      float qk = 1.f;
+      float v = 1.f;
+    };
+    auto block_descale = [&](int n) {
+      BlockDescale d;
+      if constexpr (Traits::kFp8) {
+        d.qk = q_descale * p.k_scale(tile.batch, head_kv, n);
+        d.v = p.v_scale(tile.batch, head_kv, n);
+      }
+      return d;
+    };
+    auto rescale_o = [&](float v_next) {
+      if constexpr (Traits::kFp8) {
+        float const ratio = v_descale / v_next;
+        v_descale = v_next;
+        CUTE_UNROLL
+        for (int r = 0; r < Softmax::kRowsPerThread; ++r) o_scale[r] *= ratio;
+      }
+      rescale_rows(tOrO, o_scale);
+    };
 
     Mask<Traits::kCausal, kBlockM, kBlockN, typename Traits::TiledMmaQK> const mask{p.seqlen_q, p.seqlen_k};
 
     smem.barrier_q.wait(q_phase);
     if (range.empty()) {
       query_done();
-      return;
+      return 1.f;
     }
 
     auto qk_gemm = [&](auto& acc_s) {
@@ -208,42 +256,45 @@ struct Mainloop {
     };
     auto release_k = [&]() { pipeline_k.consumer_release(read_k); ++read_k; };
     auto release_v = [&]() { pipeline_v.consumer_release(read_v); ++read_v; };
-    auto softmax_step = [&](auto& acc_s, int n_block, auto needs_mask) {
+    auto softmax_step = [&](auto& acc_s, int n_block, auto needs_mask, BlockDescale descale) {
       if constexpr (decltype(needs_mask)::value) mask.apply(acc_s, tile.m_block, n_block, thread_idx);
-      softmax.step(acc_s, o_scale, p.scale_log2);
+      softmax.step(acc_s, o_scale, p.scale_log2 * descale.qk);
     };
-    auto to_operand = [&](auto const& acc_s) { rP = convert_fragment<Element>(acc_s); };
+    auto to_operand = [&](auto const& acc_s) { tOrP = operand_p(acc_s); };
 
     int n_block = range.n_block_max - 1;
     int const n_block_mask = max(range.n_block_mask, range.n_block_min);
 
     if constexpr (Traits::kIntraWGOverlap) {
       // Algorithm 2, lines 3-6: S_cur = Q K_0^T, softmax.
+      BlockDescale const first = block_descale(n_block);
       pingpong_wait_turn(warp_group);
       qk_gemm(tSrS);
       pingpong_pass_turn(warp_group);
       warpgroup_wait<0>();
       release_k();
       if (n_block >= n_block_mask) {
-        softmax_step(tSrS, n_block, cute::true_type{});
+        softmax_step(tSrS, n_block, cute::true_type{}, first);
       } else {
-        softmax_step(tSrS, n_block, cute::false_type{});
+        softmax_step(tSrS, n_block, cute::false_type{}, first);
       }
       to_operand(tSrS);
+      v_descale = first.v;
       // Lines 7-17: S_next = Q K_j^T and O += P_cur V_{j-1} are issued
       // together; the softmax of S_next runs while O's GEMM is in flight.
       auto iteration = [&](int n, auto needs_mask) {
         Tensor tSrS_next = partition_fragment_C(tiled_mma_qk, select<0, 1>(TileShapeQK{}));
+        BlockDescale const descale = block_descale(n);
         pingpong_wait_turn(warp_group);
         qk_gemm(tSrS_next);
         pv_gemm();
         pingpong_pass_turn(warp_group);
         warpgroup_wait<1>();  // S_next is ready, O's GEMM may still run
         release_k();
-        softmax_step(tSrS_next, n, needs_mask);
+        softmax_step(tSrS_next, n, needs_mask, descale);
         warpgroup_wait<0>();
         release_v();
-        rescale_rows(tOrO, o_scale);
+        rescale_o(descale.v);
         to_operand(tSrS_next);
       };
       for (--n_block; n_block >= n_block_mask; --n_block) iteration(n_block, cute::true_type{});
@@ -259,13 +310,14 @@ struct Mainloop {
       // Algorithm 1, lines 15-23: each block's softmax waits for its QK^T, and
       // its PV waits for the softmax.
       auto iteration = [&](int n, auto needs_mask) {
+        BlockDescale const descale = block_descale(n);
         pingpong_wait_turn(warp_group);
         qk_gemm(tSrS);
         pingpong_pass_turn(warp_group);
         warpgroup_wait<0>();
         release_k();
-        softmax_step(tSrS, n, needs_mask);
-        rescale_rows(tOrO, o_scale);
+        softmax_step(tSrS, n, needs_mask, descale);
+        rescale_o(descale.v);
         to_operand(tSrS);
         pingpong_wait_turn(warp_group);
         pv_gemm();
@@ -276,6 +328,15 @@ struct Mainloop {
       for (; n_block >= n_block_mask; --n_block) iteration(n_block, cute::true_type{});
       for (; n_block >= range.n_block_min; --n_block) iteration(n_block, cute::false_type{});
       query_done();
+    }
+    return v_descale;
+  }
+
+  CUTE_DEVICE static Element* smem_vt(SharedStorage& smem) {
+    if constexpr (Traits::kFp8) {
+      return smem.vt.data();
+    } else {
+      return smem.v.data();
     }
   }
 

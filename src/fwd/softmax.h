@@ -19,7 +19,7 @@ CUTE_DEVICE float quad_allreduce(float x, Op op) {
 template <int kRows>
 struct OnlineSoftmax {
   static constexpr int kRowsPerThread = kRows;
-  float row_max[kRows];  // m_i, in unscaled score units
+  float row_max[kRows];  // m_i, scaled: in log2 units of softmax_scale * S
   float row_sum[kRows];  // l_i, this thread's share until finalize()
 
   CUTE_DEVICE OnlineSoftmax() { reset(); }
@@ -32,45 +32,46 @@ struct OnlineSoftmax {
     }
   }
 
-  // S -> P~ = exp(scale * (S - m_new)) in place; m and l updated. Returns in
-  // o_scale the factor exp(scale * (m_old - m_new)) by which O must be
-  // rescaled (0 while a row has seen only masked scores). scale_log2 is
-  // softmax_scale * log2(e), read from the kernel parameters each time rather
-  // than held in a register.
+  // S -> P~ = exp2(scale_log2 * S - m_new) in place; m and l updated. Returns
+  // in o_scale the factor exp2(m_old - m_new) by which O must be rescaled (0
+  // while a row has seen only masked scores). scale_log2 is softmax_scale *
+  // log2(e), times the block's descale factors with FP8 (which may differ
+  // from block to block, hence m kept scaled); it is read from the kernel
+  // parameters each time rather than held in a register.
   template <class TensorS>
   CUTE_DEVICE void step(TensorS& acc_s, float (&o_scale)[kRows], float scale_log2) {
     Tensor s = make_tensor(acc_s.data(), accumulator_rowcol(acc_s.layout()));
     static_assert(decltype(size<0>(s))::value == kRows);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float m = row_max[r];
+      float m = -INFINITY;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
-      m = quad_allreduce(m, [](float a, float b) { return fmaxf(a, b); });
+      m = fmaxf(row_max[r], quad_allreduce(m, [](float a, float b) { return fmaxf(a, b); }) * scale_log2);
       // A row with every score masked so far keeps m = -inf; subtract 0 then,
       // so exp2 sees -inf (giving 0) and never inf - inf.
-      float const m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
-      o_scale[r] = exp2f(row_max[r] * scale_log2 - m_scaled);
+      float const m_sub = (m == -INFINITY) ? 0.f : m;
+      o_scale[r] = exp2f(row_max[r] - m_sub);
       row_max[r] = m;
       float sum = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = exp2f(fmaf(s(r, c), scale_log2, -m_scaled));
+        s(r, c) = exp2f(fmaf(s(r, c), scale_log2, -m_sub));
         sum += s(r, c);
       }
       row_sum[r] = row_sum[r] * o_scale[r] + sum;
     }
   }
 
-  // Line 24: the final 1/l_i for O, and L_i = m_i * scale + log(l_i) (natural
-  // log). A row that saw no key gets O = 0 and L = +inf, as FlashAttention.
-  CUTE_DEVICE void finalize(float (&o_scale)[kRows], float (&lse)[kRows], float softmax_scale) {
+  // Line 24: the final 1/l_i for O, and L_i = m_i + log(l_i) (natural log).
+  // A row that saw no key gets O = 0 and L = +inf, as FlashAttention.
+  CUTE_DEVICE void finalize(float (&o_scale)[kRows], float (&lse)[kRows]) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float const sum = quad_allreduce(row_sum[r], [](float a, float b) { return a + b; });
       bool const empty = sum == 0.f || sum != sum;
       o_scale[r] = empty ? 0.f : 1.f / sum;
-      lse[r] = empty ? INFINITY : row_max[r] * softmax_scale + logf(sum);
+      lse[r] = empty ? INFINITY : row_max[r] * float(M_LN2) + logf(sum);
     }
   }
 };

@@ -7,44 +7,27 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "fwd/tile_size.h"
+
 namespace flash3::fwd {
 
 using namespace cute;
 
-// Tile sizes per head dim, chosen by shared memory and registers (see
-// docs/design.md for the measurements behind them). Each consumer warpgroup
-// owns 64 query rows; 2 consumer warpgroups make block M = 128.
-//  - block N sets the S accumulator: 64 x N fp32 is N/2 registers per thread,
-//    held twice by the intra-warpgroup overlap (S_next and P), beside the
-//    64 x d fp32 O accumulator (d/2 registers); 240 registers per consumer
-//    thread bound it.
-//  - shared memory holds Q (M x d), kStages of K and V (N x d each) and O
-//    (M x d, aliasing Q when the sum would pass 227 KB).
-struct TileSize {
-  int block_m;
-  int block_n;
-  int stages;
-};
-
-constexpr TileSize tile_size(int head_dim, bool causal) {
-  switch (head_dim) {
-    case 64: return {128, causal ? 128 : 128, 2};
-    case 96: return {128, 128, 2};
-    case 128: return {128, 128, 2};
-    case 192: return {128, 96, 2};
-    default: return {128, 64, 2};  // 256
-  }
-}
-
-template <class Element_, int kHeadDim_, bool kCausal_, bool kPingpong_ = true, bool kIntraWGOverlap_ = true>
+// Element is Q, K, V's type; ElementO is O's (the same, except for FP8).
+template <class Element_, int kHeadDim_, bool kCausal_, bool kPingpong_ = true, bool kIntraWGOverlap_ = true,
+          class ElementO_ = Element_>
 struct FwdTraits {
   using Element = Element_;
+  using ElementO = ElementO_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kCausal = kCausal_;
   static constexpr bool kPingpong = kPingpong_;
   static constexpr bool kIntraWGOverlap = kIntraWGOverlap_;
+  // FP8 (§3.3): V is transposed in shared memory by the producer warpgroup,
+  // P is re-laid out in registers, and the inputs carry descale factors.
+  static constexpr bool kFp8 = sizeof(Element) == 1;
 
-  static constexpr TileSize kTile = tile_size(kHeadDim, kCausal);
+  static constexpr TileSize kTile = tile_size(kHeadDim, kFp8);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -53,9 +36,16 @@ struct FwdTraits {
   static constexpr int kNumConsumerThreads = kNumConsumerWarpGroups * 128;
   static constexpr int kNumThreads = kNumConsumerThreads + 128;  // + the producer warpgroup
   static_assert(kNumConsumerWarpGroups == 2, "pingpong pairs two consumer warpgroups");
+  // The producer warpgroup: warp 0 issues the TMA loads; with FP8 the other
+  // three transpose V.
+  static constexpr int kNumTransposeThreads = kFp8 ? 3 * cutlass::NumThreadsPerWarp : 0;
   // setmaxnreg: the producer only issues TMA; the consumers hold S, P and O.
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  // 128 x 24 + 256 x 240 is all the CTA has (168 per thread at launch). FP8's
+  // transposers need a few more (24 spill their pipeline states), which
+  // FP8's consumers, holding P in half the registers, can spare.
+  static constexpr int kProducerRegisters = kFp8 ? 32 : 24;
+  static constexpr int kConsumerRegisters = kFp8 ? 232 : 240;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 168 * 384);
 
   // Global Q, K, V, O as (seqlen, head_dim, heads, batch), 64-bit strides.
   using GmemShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;
@@ -68,12 +58,15 @@ struct FwdTraits {
   using AtomLayout = Layout<Shape<Int<kNumConsumerWarpGroups>, _1, _1>>;
 
   // S = Q K^T: both operands from shared memory (SS). O += P V: P from
-  // registers (RS), V read with the sequence mode as its K mode (MN-major).
+  // registers (RS). V^T is read with the sequence mode as its K mode: BF16
+  // WGMMA reads V as loaded (MN-major); FP8 WGMMA takes K-major operands
+  // only, hence the transposed copy of V.
+  static constexpr GMMA::Major kMajorVt = kFp8 ? GMMA::Major::K : GMMA::Major::MN;
   using TiledMmaQK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(), AtomLayout{}));
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
+                           kMajorVt>(),
       AtomLayout{}));
 
   using SmemLayoutQ = decltype(tile_to_shape(
@@ -82,29 +75,39 @@ struct FwdTraits {
   using SmemLayoutK = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>(),
       Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
-  // V^T as the PV GEMM reads it, (d, N, stage) with d contiguous; the TMA
-  // writes the same bytes through the (N, d, stage) view SmemLayoutV.
+  // V^T as the PV GEMM reads it, (d, N, stage). BF16: d contiguous, and the
+  // TMA writes the same bytes through the (N, d, stage) view SmemLayoutV.
+  // FP8: N contiguous, written by the transpose from the TMA's buffer
+  // SmemLayoutV, which is laid out as K.
   using SmemLayoutVt = decltype(tile_to_shape(
-      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::MN, Element, Int<kHeadDim>, Int<kBlockN>>(),
-      Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));
-  using SmemLayoutV = decltype(composition(
-      SmemLayoutVt{}, make_layout(Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{},
-                                  Stride<Int<kHeadDim>, _1, Int<kHeadDim * kBlockN>>{})));
-  using SmemLayoutO = SmemLayoutQ;
+      cutlass::gemm::collective::detail::ss_smem_selector<kMajorVt, Element, Int<kHeadDim>, Int<kBlockN>>(),
+      Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+      std::conditional_t<kFp8, Step<_1, _2, _3>, Step<_2, _1, _3>>{}));
+  using SmemLayoutV = std::conditional_t<
+      kFp8, SmemLayoutK,
+      decltype(composition(SmemLayoutVt{}, make_layout(Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{},
+                                                       Stride<Int<kHeadDim>, _1, Int<kHeadDim * kBlockN>>{})))>;
+  using SmemLayoutO = decltype(tile_to_shape(
+      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, ElementO, Int<kBlockM>, Int<kHeadDim>>(),
+      Shape<Int<kBlockM>, Int<kHeadDim>>{}));
 
   using PipelineK = cutlass::PipelineTmaAsync<kStages>;
-  using PipelineV = cutlass::PipelineTmaAsync<kStages>;
+  // What the consumers wait on for V: its TMA load (BF16), or its transpose
+  // (FP8), which in turn waits on the TMA load through PipelineVLoad.
+  using PipelineV = std::conditional_t<kFp8, cutlass::PipelineAsync<kStages>, cutlass::PipelineTmaAsync<kStages>>;
+  using PipelineVLoad = cutlass::PipelineTmaAsync<kStages>;
   using PipelineTile = cutlass::PipelineAsync<1>;  // producer -> consumers: which tile next
 
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr int kOBytes = kBlockM * kHeadDim * sizeof(ElementO);
   static constexpr int kKVBytes = kStages * kBlockN * kHeadDim * sizeof(Element);
   static constexpr int kSmemLimit = 227 * 1024;
   // O gets its own buffer when it fits: then the next tile's Q can load while
   // this tile's O is being stored.
-  static constexpr bool kSeparateSmemO = kQBytes * 2 + 2 * kKVBytes + 1024 <= kSmemLimit;
+  static constexpr bool kSeparateSmemO = kQBytes + kOBytes + (kFp8 ? 3 : 2) * kKVBytes + 1024 <= kSmemLimit;
 
   using ArrayQ = cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024>;
-  using ArrayO = cute::array_aligned<Element, cosize_v<SmemLayoutO>, 1024>;
+  using ArrayO = cute::array_aligned<ElementO, cosize_v<SmemLayoutO>, 1024>;
   struct SeparateQO {
     ArrayQ q;
     ArrayO o;
@@ -113,13 +116,17 @@ struct FwdTraits {
     ArrayQ q;
     ArrayO o;
   };
+  struct None {};
+  using ArrayV = cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024>;
 
   struct SharedStorage {
     std::conditional_t<kSeparateSmemO, SeparateQO, AliasedQO> qo;
     cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
-    cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
+    ArrayV v;                                  // V as the TMA loads it
+    std::conditional_t<kFp8, ArrayV, None> vt;  // FP8: V^T, as the PV GEMM reads it
     typename PipelineK::SharedStorage pipeline_k;
     typename PipelineV::SharedStorage pipeline_v;
+    std::conditional_t<kFp8, typename PipelineVLoad::SharedStorage, None> pipeline_v_load;
     typename PipelineTile::SharedStorage pipeline_tile;
     cutlass::arch::ClusterTransactionBarrier barrier_q;
     int tile_index;  // the one slot of pipeline_tile

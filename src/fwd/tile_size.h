@@ -1,0 +1,43 @@
+// Forward tile sizes per head dim, without CuTe: the kernel's traits and the
+// public API (FP8 scale blocks are the kernel's tiles) both read them.
+//
+// Each consumer warpgroup owns 64 query rows; 2 consumer warpgroups make
+// block M = 128.
+//  - block N sets the S accumulator: 64 x N fp32 is N/2 registers per thread,
+//    held twice by the intra-warpgroup overlap (S_next and P), beside the
+//    64 x d fp32 O accumulator (d/2 registers); 240 registers per consumer
+//    thread bound it. FP8's P takes half of BF16's registers but its PV GEMM
+//    reads P in k-steps of 32, so N stays a multiple of 32.
+//  - shared memory holds Q (M x d), kStages of K and V (N x d each) and O
+//    (M x d, aliasing Q when the sum would pass 227 KB).
+// docs/design.md records the measurements behind them. FP8's block N does
+// not depend on the mask, since per-block scales are laid out by it.
+#pragma once
+
+namespace flash3::fwd {
+
+struct TileSize {
+  int block_m;
+  int block_n;
+  int stages;
+};
+
+constexpr TileSize tile_size(int head_dim, bool fp8) {
+  if (fp8) {
+    // A third stage gives V's transpose room to run ahead of the PV GEMMs.
+    switch (head_dim) {
+      case 64: return {128, 128, 3};
+      case 128: return {128, 128, 3};
+      default: return {128, 64, 2};  // 256
+    }
+  }
+  switch (head_dim) {
+    case 64: return {128, 128, 2};
+    case 96: return {128, 128, 2};
+    case 128: return {128, 128, 2};
+    case 192: return {128, 96, 2};
+    default: return {128, 64, 2};  // 256
+  }
+}
+
+}  // namespace flash3::fwd

@@ -1,0 +1,82 @@
+// FP8 V transpose (paper §3.3, "layout transformations"): FP8 WGMMA reads its
+// B operand K-major only, so for O += P V, V^T must have the sequence mode
+// contiguous, while V arrives from global memory with the head dim
+// contiguous. Three warps of the producer warpgroup transpose each V tile in
+// shared memory after its TMA load, while the consumers run their GEMMs.
+//
+// The transpose also permutes the keys to match P's registers (Figures 3, 4):
+// within each 32 keys, the S accumulator holds for thread t of a quad the
+// columns {2t, 2t+1, 8+2t, 9+2t} (and +16), while an FP8 A operand takes
+// k = 4t..4t+3 (and +16). So P's registers are used as they are, key n of
+// the block being fed as k = perm(n), and V^T gets key n at column perm(n).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/memory.h>
+
+namespace flash3::fwd {
+
+using namespace cute;
+
+// The PV GEMM's k index of key n within a block, and its inverse:
+// n = kk0 + 2 q + 8 kk1 + 16 kh  <->  k = kk0 + 2 kk1 + 4 q + 16 kh  (32-key
+// groups are kept).
+CUTE_HOST_DEVICE constexpr int key_of_k(int k) {
+  int const kk0 = k & 1, kk1 = (k >> 1) & 1, q = (k >> 2) & 3, rest = k & ~15;
+  return kk0 + 2 * q + 8 * kk1 + rest;
+}
+
+template <class Traits>
+struct TransposeV {
+  using Element = typename Traits::Element;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kWarps = Traits::kNumTransposeThreads / cutlass::NumThreadsPerWarp;
+  static_assert(kBlockN % 32 == 0 && kHeadDim % 32 == 0);
+
+  // The tile is cut into 4 x 4 byte squares: 4 keys (rows of V, columns k
+  // of V^T) by 4 head-dim entries, each moved with four 32-bit loads, eight
+  // byte permutes and four 32-bit stores. A warp takes a region of 32 keys
+  // by 32 head-dim entries at a time, lane l the squares (l % 8, l / 8) and
+  // (l % 8, l / 8 + 4) of it: its loads and stores spread over the banks of
+  // the swizzled rows, and each lane has two squares' loads in flight.
+  static constexpr uint32_t kKeyRegions = kBlockN / 32;
+  static constexpr uint32_t kRegions = kKeyRegions * (kHeadDim / 32);
+
+  // v, vt: shared-memory addresses of one stage of V (N, d) as loaded and of
+  // V^T (d, N) as the GEMM reads it.
+  CUTE_DEVICE static void run(uint32_t v, uint32_t vt, int thread_idx) {
+    using LayoutV = decltype(take<0, 2>(typename Traits::SmemLayoutV{}));
+    using LayoutVt = decltype(take<0, 2>(typename Traits::SmemLayoutVt{}));
+    uint32_t const lane = uint32_t(thread_idx) % cutlass::NumThreadsPerWarp;
+    for (uint32_t region = uint32_t(thread_idx) / cutlass::NumThreadsPerWarp; region < kRegions; region += kWarps) {
+      uint32_t const k0 = 32 * (region % kKeyRegions) + 4 * (lane % 8);
+      uint32_t const d0 = 32 * (region / kKeyRegions) + 4 * (lane / 8);
+      // Square s, row j: key key_of_k(k0 + j), head-dim entries d0 + 16 s ...
+      uint32_t w[2][4];
+      CUTE_UNROLL
+      for (uint32_t sq = 0; sq < 2; ++sq) {
+        CUTE_UNROLL
+        for (uint32_t j = 0; j < 4; ++j) {
+          uint32_t const key = uint32_t(key_of_k(int(k0 + j)));
+          cutlass::arch::shared_load<4>(&w[sq][j], v + uint32_t(LayoutV{}(make_coord(key, d0 + 16 * sq))) * sizeof(Element));
+        }
+      }
+      CUTE_UNROLL
+      for (uint32_t sq = 0; sq < 2; ++sq) {
+        // 4 x 4 byte transpose: t[c] holds byte c of w[sq][0..3].
+        uint32_t const lo01 = __byte_perm(w[sq][0], w[sq][1], 0x5140), hi01 = __byte_perm(w[sq][0], w[sq][1], 0x7362);
+        uint32_t const lo23 = __byte_perm(w[sq][2], w[sq][3], 0x5140), hi23 = __byte_perm(w[sq][2], w[sq][3], 0x7362);
+        uint32_t const t[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                               __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+        CUTE_UNROLL
+        for (uint32_t c = 0; c < 4; ++c) {
+          uint32_t const row = d0 + 16 * sq + c;
+          cutlass::arch::shared_store<4>(vt + uint32_t(LayoutVt{}(make_coord(row, k0))) * sizeof(Element), &t[c]);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace flash3::fwd

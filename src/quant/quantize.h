@@ -1,0 +1,27 @@
+// The launcher of the FP8 quantization kernels (quant/quantize.cu), called by
+// quantize_fp8() (api/quantize.cpp) once the arguments are validated.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "flash3/flash3.h"
+
+namespace flash3::quant {
+
+// The fewest rows a CTA of the kernels handles. A launch over one tensor has
+// at most batch * heads * (ceil(seqlen / kMinTileRows) + 1) CTAs (the + 1: a
+// scale block of two CTAs of kMinTileRows rows may have an empty second
+// half), which validate() keeps below 2^31 (the grid's x limit).
+constexpr int64_t kMinTileRows = 64;
+
+// Enqueues the quantization of every non-empty tensor of `args` (validated, on
+// an sm_90 device) on `stream`: for kPerBlock one fused kernel per tensor; for
+// kPerTensor and kPerHead a memset of the scales, an amax pass and a
+// quantization pass per tensor. `blocks` are fp8_block_sizes(args.head_dim):
+// kUnsupported, with nothing enqueued, when they are not the ones the kernels
+// were compiled for; kCudaError when a launch fails.
+Status launch_quantize(QuantizeArgs const& args, Fp8BlockSizes blocks, cudaStream_t stream);
+
+}  // namespace flash3::quant

@@ -1,0 +1,281 @@
+// The FP8 forward kernel against the GPU reference on fresh random inputs.
+//
+// Inputs are quantized here, on the host, at each scale granularity, with
+// magnitudes that change from block to block so that per-block scales differ
+// (the kernel folds Q's and K's into S and V's into O's running rescale).
+// Reference: attention of the dequantized inputs in float32. Tolerance, as
+// in the BF16 tests: the kernel's max error at most 2x (plus a small
+// epsilon) that of a straightforward FP8 implementation (the reference
+// emulating e4m3 P and a bf16/fp16 O). The LSE gets a looser bound than
+// with 16-bit inputs: FP8 WGMMA accumulates with about 14 bits of mantissa
+// (not float32's 23), so S = Q K^T itself carries an error of up to about
+// 2^-13 of sum_c |q_c k_c| per k-step of 32; the test bounds that sum by
+// |q| max_j |k_j| (Cauchy-Schwarz).
+#include <cuda_fp8.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flash3/flash3.h"
+#include "gpu_test_util.h"
+#include "reference.h"
+
+namespace {
+
+using flash3::DType;
+using flash3::ScaleGranularity;
+using flash3::reference::AttentionShape;
+using flash3::testing::DeviceBuffer;
+using flash3::testing::from_bits;
+
+struct Fp8Case {
+  int head_dim;
+  bool causal;
+  ScaleGranularity granularity;
+  DType out_dtype;
+  int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+  bool packed_qkv = false;  // Q, K, V interleaved in one [b, s, 3, h, d] buffer
+};
+
+char const* granularity_name(ScaleGranularity g) {
+  return g == ScaleGranularity::kPerTensor ? "tensor" : g == ScaleGranularity::kPerHead ? "head" : "block";
+}
+
+std::string name(Fp8Case const& c) {
+  return "e4m3 d" + std::to_string(c.head_dim) + (c.causal ? " causal" : "") + " per-" +
+         granularity_name(c.granularity) + (c.out_dtype == DType::kBF16 ? " ->bf16" : " ->fp16") + " b" +
+         std::to_string(c.batch) + " sq" + std::to_string(c.seqlen_q) + " sk" + std::to_string(c.seqlen_k) + " h" +
+         std::to_string(c.heads_q) + "/" + std::to_string(c.heads_kv) + (c.packed_qkv ? " packed" : "");
+}
+
+// A dense float [batch, seqlen, heads, d] tensor quantized to e4m3 with
+// amax / 448 scales over the granularity's groups.
+struct Quantized {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+};
+
+Quantized quantize(std::vector<float> const& x, ScaleGranularity g, int64_t batch, int64_t seqlen, int64_t heads,
+                   int64_t d, int64_t block) {
+  int64_t const blocks = (seqlen + block - 1) / block;
+  auto group = [&](int64_t b, int64_t s, int64_t h) -> int64_t {
+    switch (g) {
+      case ScaleGranularity::kPerTensor: return 0;
+      case ScaleGranularity::kPerHead: return b * heads + h;
+      default: return (b * heads + h) * blocks + s / block;
+    }
+  };
+  Quantized q;
+  q.scales.assign(size_t(flash3::fp8_scale_count(g, batch, heads, seqlen, block)), 0.f);
+  auto for_each = [&](auto f) {
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t s = 0; s < seqlen; ++s)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t c = 0; c < d; ++c) f(((b * seqlen + s) * heads + h) * d + c, group(b, s, h));
+  };
+  for_each([&](int64_t i, int64_t grp) { q.scales[grp] = std::max(q.scales[grp], std::fabs(x[i])); });
+  for (float& s : q.scales) s = s > 0.f ? s / 448.f : 1.f;
+  q.bytes.resize(x.size());
+  for_each([&](int64_t i, int64_t grp) {
+    __nv_fp8_e4m3 const v(x[i] / q.scales[grp]);
+    q.bytes[i] = reinterpret_cast<uint8_t const&>(v);
+  });
+  return q;
+}
+
+// Euclidean norm of each dequantized row (b, s, h) of a quantized tensor.
+std::vector<float> row_norms(Quantized const& t, ScaleGranularity g, int64_t batch, int64_t seqlen, int64_t heads,
+                             int64_t d, int64_t block) {
+  int64_t const blocks = (seqlen + block - 1) / block;
+  std::vector<float> norms(size_t(batch * seqlen * heads));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < seqlen; ++s)
+      for (int64_t h = 0; h < heads; ++h) {
+        int64_t const grp = g == ScaleGranularity::kPerTensor ? 0
+                            : g == ScaleGranularity::kPerHead ? b * heads + h
+                                                              : (b * heads + h) * blocks + s / block;
+        int64_t const row = (b * seqlen + s) * heads + h;
+        double sum = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          __nv_fp8_e4m3 x;
+          reinterpret_cast<uint8_t&>(x) = t.bytes[row * d + c];
+          double const v = double(float(x)) * t.scales[grp];
+          sum += v * v;
+        }
+        norms[row] = float(std::sqrt(sum));
+      }
+  return norms;
+}
+
+// Normal values whose magnitude changes every 32 rows of each head (by up to
+// 2^3 either way), so that blocks get different scales.
+std::vector<float> random_tensor(std::mt19937& rng, int64_t batch, int64_t seqlen, int64_t heads, int64_t d) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> exponent(-3.f, 3.f);
+  std::vector<float> x(size_t(batch * seqlen * heads * d));
+  std::vector<float> factor(size_t(batch * heads * ((seqlen + 31) / 32)));
+  for (float& f : factor) f = std::exp2(exponent(rng));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < seqlen; ++s)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t c = 0; c < d; ++c)
+          x[((b * seqlen + s) * heads + h) * d + c] = normal(rng) * factor[(b * heads + h) * ((seqlen + 31) / 32) + s / 32];
+  return x;
+}
+
+void run_fp8_case(Fp8Case const& c, uint32_t seed) {
+  SCOPED_TRACE(name(c));
+  int64_t const d = c.head_dim;
+  std::mt19937 rng(seed);
+  flash3::Fp8BlockSizes const blocks = flash3::fp8_block_sizes(d);
+  ASSERT_GT(blocks.q, 0);
+  Quantized const hq = quantize(random_tensor(rng, c.batch, c.seqlen_q, c.heads_q, d), c.granularity, c.batch,
+                                c.seqlen_q, c.heads_q, d, blocks.q);
+  Quantized const hk = quantize(random_tensor(rng, c.batch, c.seqlen_k, c.heads_kv, d), c.granularity, c.batch,
+                                c.seqlen_k, c.heads_kv, d, blocks.kv);
+  Quantized const hv = quantize(random_tensor(rng, c.batch, c.seqlen_k, c.heads_kv, d), c.granularity, c.batch,
+                                c.seqlen_k, c.heads_kv, d, blocks.kv);
+
+  flash3::ForwardArgs a;
+  a.dtype = DType::kE4M3;
+  a.batch = c.batch;
+  a.seqlen_q = c.seqlen_q;
+  a.seqlen_k = c.seqlen_k;
+  a.heads_q = c.heads_q;
+  a.heads_kv = c.heads_kv;
+  a.head_dim = d;
+  a.causal = c.causal;
+
+  size_t const q_elems = hq.bytes.size(), kv_elems = hk.bytes.size();
+  size_t const lse_elems = size_t(c.batch) * c.heads_q * c.seqlen_q;
+  DeviceBuffer<uint8_t> qkv(c.packed_qkv ? 3 * q_elems : 0), q(c.packed_qkv ? 0 : q_elems),
+      k(c.packed_qkv ? 0 : kv_elems), v(c.packed_qkv ? 0 : kv_elems);
+  DeviceBuffer<uint16_t> o(q_elems);
+  DeviceBuffer<float> lse(lse_elems), ref_o(q_elems), ref_lse(lse_elems), low_o(q_elems);
+  DeviceBuffer<float> q_scale(hq.scales.size()), k_scale(hk.scales.size()), v_scale(hv.scales.size());
+  ASSERT_TRUE(o.ptr && lse.ptr && ref_o.ptr && ref_lse.ptr && low_o.ptr && q_scale.ptr && k_scale.ptr && v_scale.ptr);
+  if (c.packed_qkv) {
+    ASSERT_EQ(c.seqlen_q, c.seqlen_k);
+    ASSERT_EQ(c.heads_q, c.heads_kv);
+    ASSERT_NE(qkv.ptr, nullptr);
+    // Row (b, s) holds Q, K, V's heads one after the other.
+    std::vector<uint8_t> packed(3 * q_elems);
+    int64_t const row = c.heads_q * d;
+    for (int64_t r = 0; r < int64_t(c.batch) * c.seqlen_q; ++r) {
+      for (int which = 0; which < 3; ++which) {
+        auto const& src = which == 0 ? hq.bytes : which == 1 ? hk.bytes : hv.bytes;
+        std::copy_n(src.begin() + r * row, row, packed.begin() + (3 * r + which) * row);
+      }
+    }
+    CUDA_OK(cudaMemcpy(qkv.ptr, packed.data(), packed.size(), cudaMemcpyHostToDevice));
+    auto view = [&](int which) {
+      return flash3::ConstTensor{qkv.ptr + which * row, 3 * row * c.seqlen_q, 3 * row, d, 1};
+    };
+    a.q = view(0);
+    a.k = view(1);
+    a.v = view(2);
+  } else {
+    ASSERT_TRUE(q.ptr && k.ptr && v.ptr);
+    CUDA_OK(cudaMemcpy(q.ptr, hq.bytes.data(), q_elems, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(k.ptr, hk.bytes.data(), kv_elems, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(v.ptr, hv.bytes.data(), kv_elems, cudaMemcpyHostToDevice));
+    a.q = flash3::contiguous<const void*>(q.ptr, c.seqlen_q, c.heads_q, d);
+    a.k = flash3::contiguous<const void*>(k.ptr, c.seqlen_k, c.heads_kv, d);
+    a.v = flash3::contiguous<const void*>(v.ptr, c.seqlen_k, c.heads_kv, d);
+  }
+  CUDA_OK(cudaMemcpy(q_scale.ptr, hq.scales.data(), hq.scales.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(k_scale.ptr, hk.scales.data(), hk.scales.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(v_scale.ptr, hv.scales.data(), hv.scales.size() * 4, cudaMemcpyHostToDevice));
+  a.fp8.granularity = c.granularity;
+  a.fp8.q = q_scale.ptr;
+  a.fp8.k = k_scale.ptr;
+  a.fp8.v = v_scale.ptr;
+  a.fp8.out_dtype = c.out_dtype;
+  // Poison: an element the kernel does not write reads back as NaN.
+  CUDA_OK(cudaMemset(o.ptr, 0xff, q_elems * 2));
+  CUDA_OK(cudaMemset(lse.ptr, 0xff, lse_elems * 4));
+  a.o = flash3::contiguous<void*>(o.ptr, c.seqlen_q, c.heads_q, d);
+  a.lse = lse.ptr;
+
+  flash3::Status s = flash3::forward(a, nullptr);
+  if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
+  ASSERT_TRUE(s.ok()) << s.message();
+  CUDA_OK(cudaDeviceSynchronize());
+
+  AttentionShape shape{c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, d, 0.f, c.causal};
+  CUDA_OK(flash3::reference::attention_gpu_fp8(shape, a.q, a.k, a.v, a.fp8, ref_o.ptr, ref_lse.ptr, false, nullptr));
+  CUDA_OK(flash3::reference::attention_gpu_fp8(shape, a.q, a.k, a.v, a.fp8, low_o.ptr, nullptr, true, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+
+  std::vector<uint16_t> h_o(q_elems);
+  std::vector<float> h_lse(lse_elems), h_ref(q_elems), h_ref_lse(lse_elems), h_low(q_elems);
+  CUDA_OK(cudaMemcpy(h_o.data(), o.ptr, q_elems * 2, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_lse.data(), lse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_ref.data(), ref_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_ref_lse.data(), ref_lse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_low.data(), low_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost));
+
+  double err = 0, low_err = 0;
+  for (size_t i = 0; i < q_elems; ++i) {
+    float const x = from_bits(h_o[i], c.out_dtype);
+    ASSERT_FALSE(std::isnan(x)) << "O[" << i << "] not written or NaN";
+    err = std::max(err, double(std::fabs(x - h_ref[i])));
+    low_err = std::max(low_err, double(std::fabs(h_low[i] - h_ref[i])));
+  }
+  EXPECT_LE(err, 2 * low_err + 1e-5) << "flash3 max error " << err << ", straightforward FP8 " << low_err;
+  std::vector<float> const q_norm = row_norms(hq, c.granularity, c.batch, c.seqlen_q, c.heads_q, d, blocks.q);
+  std::vector<float> const k_norm = row_norms(hk, c.granularity, c.batch, c.seqlen_k, c.heads_kv, d, blocks.kv);
+  std::vector<float> k_max(size_t(c.batch) * c.heads_kv, 0.f);  // max_j |k_j| per (batch, K/V head)
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t s = 0; s < c.seqlen_k; ++s)
+      for (int64_t h = 0; h < c.heads_kv; ++h)
+        k_max[b * c.heads_kv + h] = std::max(k_max[b * c.heads_kv + h], k_norm[(b * c.seqlen_k + s) * c.heads_kv + h]);
+  double const accumulation = (d / 32) * std::exp2(-13.0) / std::sqrt(double(d));  // per k-step, times the scale
+  for (size_t i = 0; i < lse_elems; ++i) {
+    ASSERT_FALSE(std::isnan(h_lse[i])) << "LSE[" << i << "] not written or NaN";
+    if (std::isinf(h_ref_lse[i])) {
+      EXPECT_EQ(h_lse[i], h_ref_lse[i]) << "LSE[" << i << "]";
+    } else {
+      int64_t const row = int64_t(i) % c.seqlen_q, h = int64_t(i) / c.seqlen_q % c.heads_q;
+      int64_t const b = int64_t(i) / c.seqlen_q / c.heads_q;
+      double const s_bound = accumulation * q_norm[(b * c.seqlen_q + row) * c.heads_q + h] *
+                             k_max[b * c.heads_kv + h / (c.heads_q / c.heads_kv)];
+      ASSERT_NEAR(h_lse[i], h_ref_lse[i], 1e-3 * std::max(1.f, std::fabs(h_ref_lse[i])) + s_bound)
+          << "LSE[" << i << "]";
+    }
+  }
+}
+
+class ForwardFp8 : public ::testing::TestWithParam<std::tuple<int, bool, ScaleGranularity>> {};
+
+TEST_P(ForwardFp8, ShapeSweep) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto [d, causal, g] = GetParam();
+  DType const bf16 = DType::kBF16;
+  std::vector<Fp8Case> cases = {
+      {d, causal, g, bf16, 2, 1, 1, 4, 4},          {d, causal, g, bf16, 2, 7, 7, 4, 4},
+      {d, causal, g, bf16, 1, 113, 113, 8, 2},      {d, causal, g, DType::kFP16, 2, 255, 255, 8, 8},
+      {d, causal, g, bf16, 1, 1023, 1023, 8, 1},    {d, causal, g, bf16, 1, 4097, 4097, 2, 2},
+      {d, causal, g, bf16, 2, 113, 1023, 4, 1},     {d, causal, g, bf16, 2, 1023, 113, 4, 4},
+      {d, causal, g, bf16, 1, 1, 4097, 8, 2},       {d, causal, g, bf16, 1, 300, 7, 2, 2},
+      {d, causal, g, bf16, 2, 255, 255, 4, 4, true},
+  };
+  uint32_t seed = 4321 + d + (causal ? 1 : 0) + 7 * int(g);
+  for (Fp8Case const& c : cases) run_fp8_case(c, seed++);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ForwardFp8,
+                         ::testing::Combine(::testing::Values(64, 128, 256), ::testing::Bool(),
+                                            ::testing::Values(ScaleGranularity::kPerTensor, ScaleGranularity::kPerHead,
+                                                              ScaleGranularity::kPerBlock)),
+                         [](auto const& info) {
+                           return "d" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_causal_" : "_") + granularity_name(std::get<2>(info.param));
+                         });
+
+}  // namespace
