@@ -124,6 +124,7 @@ struct Options {
   bool check = true, ablation = false, deterministic = false, fp8_accuracy = false, quant_bandwidth = false;
   flash3::ScaleGranularity granularity = flash3::ScaleGranularity::kPerBlock;
   bool hadamard = false;
+  flash3::KernelOptions options;  // --no-pingpong, --no-overlap: one technique off for the whole sweep
   std::string json, csv;
 };
 
@@ -137,6 +138,7 @@ void usage() {
       "  --dtype bf16|fp16|e4m3 e4m3: the FP8 forward, O in bf16\n"
       "  --granularity tensor|head|block   FP8 scales (default block)\n"
       "  --hadamard             FP8: incoherent processing of Q and K\n"
+      "  --no-pingpong, --no-overlap   the sweep with that technique off (head dim 128)\n"
       "  --tokens N --hidden N  total tokens (16384) and hidden size (2048), the paper's settings\n"
       "  --gqa R                query heads per K/V head (default 1)\n"
       "  --reps N               timed runs per shape, median reported (default 30)\n"
@@ -187,6 +189,8 @@ Options parse(int argc, char** argv) {
                       : v == "head" ? flash3::ScaleGranularity::kPerHead
                                     : flash3::ScaleGranularity::kPerBlock;
     } else if (a == "--hadamard") o.hadamard = true;
+    else if (a == "--no-pingpong") o.options.pingpong = false;
+    else if (a == "--no-overlap") o.options.intra_warpgroup_overlap = false;
     else if (a == "--fp8-accuracy") o.fp8_accuracy = true;
     else if (a == "--quant-bandwidth") o.quant_bandwidth = true;
     else if (a == "--tokens") o.total_tokens = std::stoll(next());
@@ -717,6 +721,10 @@ int main(int argc, char** argv) {
             if (c.deterministic && pass != Pass::kFwd) c.variant = "deterministic";
             c.dtype = opt.dtype;
             c.granularity = opt.granularity;
+            c.options = opt.options;
+            if (!c.options.pingpong || !c.options.intra_warpgroup_overlap) {
+              c.variant = !c.options.pingpong ? "no-pingpong" : "no-intra-wg-overlap";
+            }
             c.hadamard = opt.hadamard;
             c.head_dim = d;
             c.causal = causal;

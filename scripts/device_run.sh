@@ -71,7 +71,7 @@ if has ablation; then
   summary+=("ablation rc=$?")
 fi
 
-jsons=$(ls "$OUT"/bench.json "$OUT"/bench_bwd.json 2>/dev/null)
+jsons=$(ls "$OUT"/bench.json "$OUT"/bench_bwd.json "$OUT"/bench_fp8.json 2>/dev/null)
 if has compare && [ -n "$jsons" ]; then
   timeout 400 python3 bench/compare_sdpa.py --flash3-json $jsons >"$OUT/compare.txt" 2>"$OUT/compare.err"
   summary+=("compare rc=$?")

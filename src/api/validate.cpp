@@ -6,64 +6,21 @@
 #include <tuple>
 #include <utility>
 
+#include "api/checks.h"
 #include "flash3/flash3.h"
 
 namespace flash3 {
 namespace {
 
-constexpr int64_t kMaxExtent = (int64_t(1) << 31) - 1;  // TMA coordinates and tile counts are 32-bit
-constexpr int64_t kTmaAlignBytes = 16;                  // TMA: base address and strides
-constexpr int64_t kMaxStrideBytes = int64_t(1) << 40;   // TMA: strides below 2^40 bytes
-
-Status invalid(std::string message) { return Status(Status::Code::kInvalidArgument, std::move(message)); }
+using checks::invalid;
+using checks::kMaxExtent;
 
 int64_t element_bytes(DType dtype) { return dtype == DType::kE4M3 ? 1 : 2; }
-
-template <class Pointer>
-Status check_tensor(char const* name, TensorRef<Pointer> const& t, int64_t seqlen, int64_t heads, int64_t batch,
-                    int64_t elem_bytes = 2) {
-  std::string const n(name);
-  if (t.data == nullptr) return invalid(n + ".data: null pointer");
-  if (reinterpret_cast<uintptr_t>(t.data) % kTmaAlignBytes != 0) {
-    return invalid(n + ".data: must be 16-byte aligned (TMA)");
-  }
-  if (t.dim_stride != 1) return invalid(n + ".dim_stride: the head dimension must be contiguous (stride 1)");
-  struct Mode {
-    char const* field;
-    int64_t extent;
-    int64_t stride;
-  };
-  Mode const modes[] = {{"batch_stride", batch, t.batch_stride},
-                        {"seq_stride", seqlen, t.seq_stride},
-                        {"head_stride", heads, t.head_stride}};
-  for (Mode const& m : modes) {
-    if (m.extent <= 1) continue;  // a stride of a mode of size 1 is never used
-    if (m.stride <= 0) return invalid(n + "." + m.field + ": must be positive");
-    if ((m.stride * elem_bytes) % kTmaAlignBytes != 0) {
-      return invalid(n + "." + m.field + ": must be a multiple of " + std::to_string(kTmaAlignBytes / elem_bytes) +
-                     " elements (16 bytes, TMA)");
-    }
-    if (m.stride >= kMaxStrideBytes / elem_bytes) return invalid(n + "." + m.field + ": must be below 2^39 elements");
-  }
-  return Status();
-}
 
 // The sizes, head dim and scale both passes share.
 Status check_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                      int64_t heads_kv, int64_t head_dim, float softmax_scale) {
-  struct Size {
-    char const* name;
-    int64_t value;
-  };
-  for (Size const& s : {Size{"batch", batch}, Size{"seqlen_q", seqlen_q}, Size{"seqlen_k", seqlen_k}}) {
-    if (s.value < 0) return invalid(std::string(s.name) + ": must not be negative");
-    if (s.value > kMaxExtent) return invalid(std::string(s.name) + ": must be below 2^31");
-  }
-  for (Size const& s : {Size{"heads_q", heads_q}, Size{"heads_kv", heads_kv}}) {
-    if (s.value < 1) return invalid(std::string(s.name) + ": must be at least 1");
-    if (s.value > kMaxExtent) return invalid(std::string(s.name) + ": must be below 2^31");
-  }
-  if (heads_q % heads_kv != 0) return invalid("heads_kv: must divide heads_q (MHA, GQA or MQA)");
+  if (Status s = checks::sizes(batch, seqlen_q, seqlen_k, heads_q, heads_kv); !s.ok()) return s;
   switch (head_dim) {
     case 64: case 96: case 128: case 192: case 256: break;
     default: return invalid("head_dim: must be 64, 96, 128, 192 or 256, got " + std::to_string(head_dim));
@@ -96,10 +53,7 @@ Status check_fp8(ForwardArgs const& a) {
   for (auto const& [name, scale, needed] : {std::tuple{"fp8.q", f.q, true}, std::tuple{"fp8.k", f.k, a.seqlen_k > 0},
                                             std::tuple{"fp8.v", f.v, a.seqlen_k > 0}}) {
     if (!needed) continue;
-    if (scale == nullptr) return invalid(std::string(name) + ": null pointer (kE4M3 inputs need their scales)");
-    if (reinterpret_cast<uintptr_t>(scale) % alignof(float) != 0) {
-      return invalid(std::string(name) + ": must be 4-byte aligned");
-    }
+    if (Status s = checks::scale(name, scale); !s.ok()) return s;
   }
   return Status();
 }
@@ -122,11 +76,11 @@ Status validate(ForwardArgs const& a) {
   if (a.batch == 0 || a.seqlen_q == 0) return Status();  // nothing to compute or write
   int64_t const in_bytes = element_bytes(a.dtype);
   int64_t const out_bytes = element_bytes(fp8 ? a.fp8.out_dtype : a.dtype);
-  if (Status s = check_tensor("q", a.q, a.seqlen_q, a.heads_q, a.batch, in_bytes); !s.ok()) return s;
-  if (Status s = check_tensor("o", a.o, a.seqlen_q, a.heads_q, a.batch, out_bytes); !s.ok()) return s;
+  if (Status s = checks::tensor("q", a.q, a.batch, a.seqlen_q, a.heads_q, a.head_dim, in_bytes); !s.ok()) return s;
+  if (Status s = checks::tensor("o", a.o, a.batch, a.seqlen_q, a.heads_q, a.head_dim, out_bytes); !s.ok()) return s;
   if (a.seqlen_k > 0) {
-    if (Status s = check_tensor("k", a.k, a.seqlen_k, a.heads_kv, a.batch, in_bytes); !s.ok()) return s;
-    if (Status s = check_tensor("v", a.v, a.seqlen_k, a.heads_kv, a.batch, in_bytes); !s.ok()) return s;
+    if (Status s = checks::tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
+    if (Status s = checks::tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
   }
   if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
   return Status();
@@ -147,17 +101,17 @@ Status validate(BackwardArgs const& a) {
   if (a.batch == 0 || (a.seqlen_q == 0 && a.seqlen_k == 0)) return Status();  // no gradient to write
   if (a.seqlen_q > 0) {
     for (auto const& [name, t] : {std::pair{"q", a.q}, std::pair{"o", a.o}, std::pair{"dout", a.dout}}) {
-      if (Status s = check_tensor(name, t, a.seqlen_q, a.heads_q, a.batch); !s.ok()) return s;
+      if (Status s = checks::tensor(name, t, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
     }
-    if (Status s = check_tensor("dq", a.dq, a.seqlen_q, a.heads_q, a.batch); !s.ok()) return s;
+    if (Status s = checks::tensor("dq", a.dq, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
     if (a.lse == nullptr) return invalid("lse: null pointer (the forward's LSE is needed)");
     if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
   }
   if (a.seqlen_k > 0) {
-    if (Status s = check_tensor("k", a.k, a.seqlen_k, a.heads_kv, a.batch); !s.ok()) return s;
-    if (Status s = check_tensor("v", a.v, a.seqlen_k, a.heads_kv, a.batch); !s.ok()) return s;
-    if (Status s = check_tensor("dk", a.dk, a.seqlen_k, a.heads_kv, a.batch); !s.ok()) return s;
-    if (Status s = check_tensor("dv", a.dv, a.seqlen_k, a.heads_kv, a.batch); !s.ok()) return s;
+    if (Status s = checks::tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::tensor("dk", a.dk, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::tensor("dv", a.dv, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
   }
   if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0) return invalid("workspace: must be 256-byte aligned");
   return Status();

@@ -22,11 +22,20 @@ Status run_forward_causal(ForwardArgs const& a, DeviceInfo const& device, cudaSt
   bool const pingpong = a.options.pingpong;
   bool const overlap = a.options.intra_warpgroup_overlap;
   if constexpr (kDType == DType::kE4M3) {
-    // FP8: O in bf16 or fp16.
+    // FP8: O in bf16 or fp16; the ablation variants with head dim 128 and a
+    // bf16 O.
+    using BF16 = cutlass::bfloat16_t;
     if (pingpong && overlap) {
       return a.fp8.out_dtype == DType::kBF16
-                 ? launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, true, cutlass::bfloat16_t>>(a, device, stream)
+                 ? launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, true, BF16>>(a, device, stream)
                  : launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, true, cutlass::half_t>>(a, device, stream);
+    }
+    if constexpr (kHeadDim == 128) {
+      if (a.fp8.out_dtype == DType::kBF16) {
+        if (!pingpong && overlap) return launch_forward<FwdTraits<Element, kHeadDim, kCausal, false, true, BF16>>(a, device, stream);
+        if (pingpong && !overlap) return launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, false, BF16>>(a, device, stream);
+        return launch_forward<FwdTraits<Element, kHeadDim, kCausal, false, false, BF16>>(a, device, stream);
+      }
     }
   } else {
     if (pingpong && overlap) {
@@ -39,7 +48,8 @@ Status run_forward_causal(ForwardArgs const& a, DeviceInfo const& device, cudaSt
     }
   }
   return Status(Status::Code::kUnsupported,
-                "options: switching off pingpong or intra_warpgroup_overlap is only built for bf16, head_dim 128");
+                "options: switching off pingpong or intra_warpgroup_overlap is only built for head_dim 128 (bf16, or "
+                "e4m3 with a bf16 O)");
 }
 
 template <DType kDType, int kHeadDim>

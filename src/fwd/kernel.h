@@ -124,6 +124,7 @@ struct Kernel {
         constexpr uint32_t kStageBytes = Traits::kBlockN * Traits::kHeadDim;  // one byte per element
         uint32_t const v = cute::cast_smem_ptr_to_uint(smem.v.data());
         uint32_t const vt = cute::cast_smem_ptr_to_uint(smem.vt.data());
+        auto const lane_offsets = TransposeV<Traits>::lane_offsets(thread_idx);
         PipelineState read_v_load, write_v = cutlass::make_producer_start_state<PipelineV>();
         typename PipelineTile::PipelineState read_tile;
         for (;;) {
@@ -137,7 +138,7 @@ struct Kernel {
             pipeline_v_load.consumer_wait(read_v_load);
             pipeline_v.producer_acquire(write_v);
             TransposeV<Traits>::run(v + read_v_load.index() * kStageBytes, vt + write_v.index() * kStageBytes,
-                                    thread_idx);
+                                    lane_offsets, thread_idx);
             // The GEMM reads V^T through the async proxy.
             cutlass::arch::fence_view_async_shared();
             pipeline_v.producer_commit(write_v);

@@ -43,24 +43,41 @@ struct TransposeV {
   static constexpr uint32_t kKeyRegions = kBlockN / 32;
   static constexpr uint32_t kRegions = kKeyRegions * (kHeadDim / 32);
 
+  using LayoutV = decltype(take<0, 2>(typename Traits::SmemLayoutV{}));
+  using LayoutVt = decltype(take<0, 2>(typename Traits::SmemLayoutVt{}));
+
+  // Addresses are split into a lane's part (its keys and head-dim entries
+  // within a region) and a region's part. The two touch different bits of
+  // the unswizzled offset and a swizzle is linear over GF(2), so an address
+  // is the XOR of the two swizzled parts: the lane's are computed once.
+  struct Lane {
+    uint32_t v[4];   // row j of the lane's square: key key_of_k(k + j)
+    uint32_t vt[4];  // row c of its transposed square: head-dim entry d + c
+  };
+
+  CUTE_DEVICE static Lane lane_offsets(int thread_idx) {
+    uint32_t const lane = uint32_t(thread_idx) % cutlass::NumThreadsPerWarp;
+    uint32_t const k = 4 * (lane % 8), d = 4 * (lane / 8);
+    Lane l;
+    CUTE_UNROLL
+    for (uint32_t j = 0; j < 4; ++j) {
+      l.v[j] = uint32_t(LayoutV{}(make_coord(uint32_t(key_of_k(int(k + j))), d))) * sizeof(Element);
+      l.vt[j] = uint32_t(LayoutVt{}(make_coord(d + j, k))) * sizeof(Element);
+    }
+    return l;
+  }
+
   // v, vt: shared-memory addresses of one stage of V (N, d) as loaded and of
   // V^T (d, N) as the GEMM reads it.
-  CUTE_DEVICE static void run(uint32_t v, uint32_t vt, int thread_idx) {
-    using LayoutV = decltype(take<0, 2>(typename Traits::SmemLayoutV{}));
-    using LayoutVt = decltype(take<0, 2>(typename Traits::SmemLayoutVt{}));
-    uint32_t const lane = uint32_t(thread_idx) % cutlass::NumThreadsPerWarp;
+  CUTE_DEVICE static void run(uint32_t v, uint32_t vt, Lane const& lane, int thread_idx) {
     for (uint32_t region = uint32_t(thread_idx) / cutlass::NumThreadsPerWarp; region < kRegions; region += kWarps) {
-      uint32_t const k0 = 32 * (region % kKeyRegions) + 4 * (lane % 8);
-      uint32_t const d0 = 32 * (region / kKeyRegions) + 4 * (lane / 8);
-      // Square s, row j: key key_of_k(k0 + j), head-dim entries d0 + 16 s ...
+      uint32_t const k0 = 32 * (region % kKeyRegions), d0 = 32 * (region / kKeyRegions);
       uint32_t w[2][4];
       CUTE_UNROLL
       for (uint32_t sq = 0; sq < 2; ++sq) {
+        uint32_t const base = uint32_t(LayoutV{}(make_coord(k0, d0 + 16 * sq))) * sizeof(Element);
         CUTE_UNROLL
-        for (uint32_t j = 0; j < 4; ++j) {
-          uint32_t const key = uint32_t(key_of_k(int(k0 + j)));
-          cutlass::arch::shared_load<4>(&w[sq][j], v + uint32_t(LayoutV{}(make_coord(key, d0 + 16 * sq))) * sizeof(Element));
-        }
+        for (uint32_t j = 0; j < 4; ++j) cutlass::arch::shared_load<4>(&w[sq][j], v + (base ^ lane.v[j]));
       }
       CUTE_UNROLL
       for (uint32_t sq = 0; sq < 2; ++sq) {
@@ -69,11 +86,9 @@ struct TransposeV {
         uint32_t const lo23 = __byte_perm(w[sq][2], w[sq][3], 0x5140), hi23 = __byte_perm(w[sq][2], w[sq][3], 0x7362);
         uint32_t const t[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
                                __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+        uint32_t const base = uint32_t(LayoutVt{}(make_coord(d0 + 16 * sq, k0))) * sizeof(Element);
         CUTE_UNROLL
-        for (uint32_t c = 0; c < 4; ++c) {
-          uint32_t const row = d0 + 16 * sq + c;
-          cutlass::arch::shared_store<4>(vt + uint32_t(LayoutVt{}(make_coord(row, k0))) * sizeof(Element), &t[c]);
-        }
+        for (uint32_t c = 0; c < 4; ++c) cutlass::arch::shared_store<4>(vt + (base ^ lane.vt[c]), &t[c]);
       }
     }
   }

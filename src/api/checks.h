@@ -1,0 +1,87 @@
+// Argument checks that validate(ForwardArgs), validate(BackwardArgs) and
+// validate(QuantizeArgs) share. Host code only: nothing here touches the
+// device, so every check runs in CI. Each failure is kInvalidArgument with a
+// message that starts with the argument's name.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "flash3/flash3.h"
+
+namespace flash3::checks {
+
+constexpr int64_t kMaxExtent = (int64_t(1) << 31) - 1;  // TMA coordinates, tile and CTA counts are 32-bit
+constexpr int64_t kAlignBytes = 16;                     // TMA and 16-byte vectors: base address and strides
+constexpr int64_t kMaxStrideBytes = int64_t(1) << 40;   // TMA: strides below 2^40 bytes
+constexpr int64_t kMaxSpan = int64_t(1) << 62;          // elements a tensor may span: 64-bit offsets
+
+inline Status invalid(std::string message) { return Status(Status::Code::kInvalidArgument, std::move(message)); }
+
+// Sizes: batch and sequence lengths non-negative, heads at least 1, all
+// below 2^31, heads_kv dividing heads_q.
+inline Status sizes(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv) {
+  struct Size {
+    char const* name;
+    int64_t value;
+  };
+  for (Size const& s : {Size{"batch", batch}, Size{"seqlen_q", seqlen_q}, Size{"seqlen_k", seqlen_k}}) {
+    if (s.value < 0) return invalid(std::string(s.name) + ": must not be negative");
+    if (s.value > kMaxExtent) return invalid(std::string(s.name) + ": must be below 2^31");
+  }
+  for (Size const& s : {Size{"heads_q", heads_q}, Size{"heads_kv", heads_kv}}) {
+    if (s.value < 1) return invalid(std::string(s.name) + ": must be at least 1");
+    if (s.value > kMaxExtent) return invalid(std::string(s.name) + ": must be below 2^31");
+  }
+  if (heads_q % heads_kv != 0) return invalid("heads_kv: must divide heads_q (MHA, GQA or MQA)");
+  return Status();
+}
+
+// A [batch, seqlen, heads, head_dim] tensor of `elem_bytes`-byte elements
+// that TMA (or 16-byte vectors) reads or writes: 16-byte aligned base,
+// contiguous head dim, strides of the modes of more than one index positive
+// multiples of 16 bytes and below 2^40 bytes, spanning fewer than 2^62
+// elements.
+template <class Pointer>
+Status tensor(char const* name, TensorRef<Pointer> const& t, int64_t batch, int64_t seqlen, int64_t heads,
+              int64_t head_dim, int64_t elem_bytes) {
+  std::string const n(name);
+  if (t.data == nullptr) return invalid(n + ".data: null pointer");
+  if (reinterpret_cast<uintptr_t>(t.data) % kAlignBytes != 0) return invalid(n + ".data: must be 16-byte aligned");
+  if (t.dim_stride != 1) return invalid(n + ".dim_stride: the head dimension must be contiguous (stride 1)");
+  struct Mode {
+    char const* field;
+    int64_t extent;
+    int64_t stride;
+  };
+  Mode const modes[] = {{"batch_stride", batch, t.batch_stride},
+                        {"seq_stride", seqlen, t.seq_stride},
+                        {"head_stride", heads, t.head_stride}};
+  int64_t span = head_dim;  // elements from the first to past the last
+  for (Mode const& m : modes) {
+    if (m.extent <= 1) continue;  // a stride of a mode of size 1 is never used
+    if (m.stride <= 0) return invalid(n + "." + m.field + ": must be positive");
+    if ((m.stride * elem_bytes) % kAlignBytes != 0) {
+      return invalid(n + "." + m.field + ": must be a multiple of " + std::to_string(kAlignBytes / elem_bytes) +
+                     " elements (16 bytes)");
+    }
+    if (m.stride >= kMaxStrideBytes / elem_bytes) {
+      return invalid(n + "." + m.field + ": must be below 2^40 bytes");
+    }
+    if (m.extent - 1 > (kMaxSpan - span) / m.stride) return invalid(n + ": spans 2^62 elements or more");
+    span += (m.extent - 1) * m.stride;
+  }
+  return Status();
+}
+
+// An FP8 scale array: present and float-aligned.
+inline Status scale(char const* name, float const* scale) {
+  if (scale == nullptr) return invalid(std::string(name) + ": null pointer");
+  if (reinterpret_cast<uintptr_t>(scale) % alignof(float) != 0) {
+    return invalid(std::string(name) + ": must be 4-byte aligned");
+  }
+  return Status();
+}
+
+}  // namespace flash3::checks
