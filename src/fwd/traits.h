@@ -41,9 +41,10 @@ struct FwdTraits {
   static constexpr int kNumTransposeThreads = kFp8 ? 3 * cutlass::NumThreadsPerWarp : 0;
   // setmaxnreg: the producer only issues TMA; the consumers hold S, P and O.
   // 128 x 24 + 256 x 240 is all the CTA has (168 per thread at launch). FP8's
-  // transposers need a few more (24 spill their pipeline states), which
-  // FP8's consumers, holding P in half the registers, can spare.
-  static constexpr int kProducerRegisters = kFp8 ? 32 : 24;
+  // transposers need more (24 spill their pipeline states; 40 hold four
+  // squares in flight), which FP8's consumers, holding P in half the
+  // registers, can spare.
+  static constexpr int kProducerRegisters = kFp8 ? 40 : 24;
   static constexpr int kConsumerRegisters = kFp8 ? 232 : 240;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 168 * 384);
 

@@ -32,16 +32,21 @@ struct TransposeV {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kWarps = Traits::kNumTransposeThreads / cutlass::NumThreadsPerWarp;
-  static_assert(kBlockN % 32 == 0 && kHeadDim % 32 == 0);
+  static_assert(kBlockN % 32 == 0 && kHeadDim % 64 == 0);
 
   // The tile is cut into 4 x 4 byte squares: 4 keys (rows of V, columns k
   // of V^T) by 4 head-dim entries, each moved with four 32-bit loads, eight
   // byte permutes and four 32-bit stores. A warp takes a region of 32 keys
-  // by 32 head-dim entries at a time, lane l the squares (l % 8, l / 8) and
-  // (l % 8, l / 8 + 4) of it: its loads and stores spread over the banks of
-  // the swizzled rows, and each lane has two squares' loads in flight.
+  // by 16 kSquares head-dim entries at a time, lane l the squares
+  // (l % 8, l / 8 + 4 s), s < kSquares, of it: its loads and stores spread
+  // over the banks of the swizzled rows, and each lane has kSquares squares'
+  // loads in flight. Head dim 256 takes 4 squares (fewer, longer loop
+  // iterations: +12% measured); 64 and 128 take 2 (with 4, 128 measured 4%
+  // slower, and 64's regions would no longer spread over the 3 warps).
+  static constexpr uint32_t kSquares = kHeadDim >= 256 ? 4 : 2;
+  static constexpr uint32_t kRegionDims = 16 * kSquares;
   static constexpr uint32_t kKeyRegions = kBlockN / 32;
-  static constexpr uint32_t kRegions = kKeyRegions * (kHeadDim / 32);
+  static constexpr uint32_t kRegions = kKeyRegions * (kHeadDim / kRegionDims);
 
   using LayoutV = decltype(take<0, 2>(typename Traits::SmemLayoutV{}));
   using LayoutVt = decltype(take<0, 2>(typename Traits::SmemLayoutVt{}));
@@ -71,16 +76,16 @@ struct TransposeV {
   // V^T (d, N) as the GEMM reads it.
   CUTE_DEVICE static void run(uint32_t v, uint32_t vt, Lane const& lane, int thread_idx) {
     for (uint32_t region = uint32_t(thread_idx) / cutlass::NumThreadsPerWarp; region < kRegions; region += kWarps) {
-      uint32_t const k0 = 32 * (region % kKeyRegions), d0 = 32 * (region / kKeyRegions);
-      uint32_t w[2][4];
+      uint32_t const k0 = 32 * (region % kKeyRegions), d0 = kRegionDims * (region / kKeyRegions);
+      uint32_t w[kSquares][4];
       CUTE_UNROLL
-      for (uint32_t sq = 0; sq < 2; ++sq) {
+      for (uint32_t sq = 0; sq < kSquares; ++sq) {
         uint32_t const base = uint32_t(LayoutV{}(make_coord(k0, d0 + 16 * sq))) * sizeof(Element);
         CUTE_UNROLL
         for (uint32_t j = 0; j < 4; ++j) cutlass::arch::shared_load<4>(&w[sq][j], v + (base ^ lane.v[j]));
       }
       CUTE_UNROLL
-      for (uint32_t sq = 0; sq < 2; ++sq) {
+      for (uint32_t sq = 0; sq < kSquares; ++sq) {
         // 4 x 4 byte transpose: t[c] holds byte c of w[sq][0..3].
         uint32_t const lo01 = __byte_perm(w[sq][0], w[sq][1], 0x5140), hi01 = __byte_perm(w[sq][0], w[sq][1], 0x7362);
         uint32_t const lo23 = __byte_perm(w[sq][2], w[sq][3], 0x5140), hi23 = __byte_perm(w[sq][2], w[sq][3], 0x7362);
