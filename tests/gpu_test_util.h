@@ -5,7 +5,10 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "flash3/flash3.h"
 #include "reference.h"
@@ -42,6 +45,33 @@ inline uint16_t to_bits(float x, DType dt) {
 }
 inline float from_bits(uint16_t b, DType dt) {
   return dt == DType::kBF16 ? reference::bf16_to_float(b) : reference::half_to_float(b);
+}
+
+// The forward's tolerance rule, on host copies: O (16-bit, in o_dtype)
+// against the float32 reference `ref`, at most 2x (plus 1e-5) the error of a
+// straightforward implementation `low`, no NaN (outputs are poisoned before
+// the run); the LSE within 1e-3 relative plus lse_slack(i), and +inf where
+// the reference has it.
+template <class Slack>
+void expect_forward_close(std::vector<uint16_t> const& o, DType o_dtype, std::vector<float> const& ref,
+                          std::vector<float> const& low, std::vector<float> const& lse,
+                          std::vector<float> const& ref_lse, Slack lse_slack) {
+  double err = 0, low_err = 0;
+  for (size_t i = 0; i < o.size(); ++i) {
+    float const x = from_bits(o[i], o_dtype);
+    ASSERT_FALSE(std::isnan(x)) << "O[" << i << "] not written or NaN";
+    err = std::max(err, double(std::fabs(x - ref[i])));
+    low_err = std::max(low_err, double(std::fabs(low[i] - ref[i])));
+  }
+  EXPECT_LE(err, 2 * low_err + 1e-5) << "flash3 max error " << err << ", straightforward implementation " << low_err;
+  for (size_t i = 0; i < lse.size(); ++i) {
+    ASSERT_FALSE(std::isnan(lse[i])) << "LSE[" << i << "] not written or NaN";
+    if (std::isinf(ref_lse[i])) {
+      EXPECT_EQ(lse[i], ref_lse[i]) << "LSE[" << i << "]";
+    } else {
+      ASSERT_NEAR(lse[i], ref_lse[i], 1e-3 * std::max(1.f, std::fabs(ref_lse[i])) + lse_slack(i)) << "LSE[" << i << "]";
+    }
+  }
 }
 
 }  // namespace flash3::testing
