@@ -496,6 +496,22 @@ void write_csv(std::string const& path, std::vector<Result> const& results) {
   }
 }
 
+// Forward arguments over dense [batch, seqlen, heads, d] Q, K, V and O (MHA).
+flash3::ForwardArgs dense_args(DType dtype, int64_t batch, int64_t seqlen, int64_t heads, int64_t d, void const* q,
+                               void const* k, void const* v, void* o) {
+  flash3::ForwardArgs a;
+  a.dtype = dtype;
+  a.batch = batch;
+  a.seqlen_q = a.seqlen_k = seqlen;
+  a.heads_q = a.heads_kv = heads;
+  a.head_dim = d;
+  a.q = flash3::contiguous<const void*>(q, seqlen, heads, d);
+  a.k = flash3::contiguous<const void*>(k, seqlen, heads, d);
+  a.v = flash3::contiguous<const void*>(v, seqlen, heads, d);
+  a.o = flash3::contiguous<void*>(o, seqlen, heads, d);
+  return a;
+}
+
 // Sum of (a - ref)^2 over n elements of a dense 16-bit tensor.
 __global__ void squared_error(uint16_t const* a, float const* ref, size_t n, bool bf16, double* out) {
   double sum = 0;
@@ -549,16 +565,7 @@ int run_fp8_accuracy() {
       fill_normal<<<1024, 256>>>(k, n, 22, bf16, true);
       fill_normal<<<1024, 256>>>(v, n, 33, bf16, true);
       CHECK_CUDA(cudaMemset(o, 0xff, n * 2));
-      flash3::ForwardArgs a;
-      a.dtype = m.draws;
-      a.batch = batch;
-      a.seqlen_q = a.seqlen_k = seqlen;
-      a.heads_q = a.heads_kv = heads;
-      a.head_dim = d;
-      a.q = flash3::contiguous<const void*>(q, seqlen, heads, d);
-      a.k = flash3::contiguous<const void*>(k, seqlen, heads, d);
-      a.v = flash3::contiguous<const void*>(v, seqlen, heads, d);
-      a.o = flash3::contiguous<void*>(o, seqlen, heads, d);
+      flash3::ForwardArgs a = dense_args(m.draws, batch, seqlen, heads, d, q, k, v, o);
       flash3::reference::AttentionShape shape{batch, seqlen, seqlen, heads, heads, d, 0.f, false};
       CHECK_CUDA(flash3::reference::attention_gpu(shape, m.draws, a.q, a.k, a.v, ref, nullptr, false, nullptr));
       Fp8Inputs inputs;
@@ -632,14 +639,7 @@ int run_quant_bandwidth(int reps) {
   using G = flash3::ScaleGranularity;
   for (G g : {G::kPerTensor, G::kPerHead, G::kPerBlock}) {
     for (bool hadamard : {false, true}) {
-      flash3::ForwardArgs a;
-      a.batch = batch;
-      a.seqlen_q = a.seqlen_k = seqlen;
-      a.heads_q = a.heads_kv = heads;
-      a.head_dim = d;
-      a.q = flash3::contiguous<const void*>(q, seqlen, heads, d);
-      a.k = flash3::contiguous<const void*>(k, seqlen, heads, d);
-      a.v = flash3::contiguous<const void*>(v, seqlen, heads, d);
+      flash3::ForwardArgs a = dense_args(DType::kBF16, batch, seqlen, heads, d, q, k, v, nullptr);
       Fp8Inputs inputs;
       flash3::Status s = inputs.quantize(a, g, hadamard);
       char const* name = g == G::kPerTensor ? "tensor" : g == G::kPerHead ? "head" : "block";
