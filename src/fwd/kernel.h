@@ -178,7 +178,7 @@ struct Kernel {
       PipelineState read_k, read_v;
       typename Traits::TiledMmaPV tiled_mma_pv;
       Tensor tOrO = partition_fragment_C(tiled_mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
-      OnlineSoftmax<2> softmax;
+      OnlineSoftmax<2, Traits::kFp8 ? 8 : 0> softmax;
       MainloopT::pingpong_start(warp_group - 1);
       typename PipelineTile::PipelineState read_tile;
       for (;;) {

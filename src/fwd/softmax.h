@@ -16,7 +16,11 @@ CUTE_DEVICE float quad_allreduce(float x, Op op) {
   return op(x, __shfl_xor_sync(0xffffffff, x, 2));
 }
 
-template <int kRows>
+// kPLog2Max: P~ is scaled to [0, 2^kPLog2Max] (l with it, so that O and the
+// LSE are unchanged). FP8 uses 8: P~ then fills e4m3's range up to 256 of
+// 448, and probabilities down to 2^-14 of the row's largest stay normal
+// numbers (3 mantissa bits) instead of e4m3 subnormals.
+template <int kRows, int kPLog2Max = 0>
 struct OnlineSoftmax {
   static constexpr int kRowsPerThread = kRows;
   float row_max[kRows];  // m_i, scaled: in log2 units of softmax_scale * S
@@ -50,8 +54,8 @@ struct OnlineSoftmax {
       m = fmaxf(row_max[r], quad_allreduce(m, [](float a, float b) { return fmaxf(a, b); }) * scale_log2);
       // A row with every score masked so far keeps m = -inf; subtract 0 then,
       // so exp2 sees -inf (giving 0) and never inf - inf.
-      float const m_sub = (m == -INFINITY) ? 0.f : m;
-      o_scale[r] = exp2f(row_max[r] - m_sub);
+      float const m_sub = (m == -INFINITY) ? 0.f : m - float(kPLog2Max);
+      o_scale[r] = exp2f(row_max[r] - float(kPLog2Max) - m_sub);
       row_max[r] = m;
       float sum = 0.f;
       CUTE_UNROLL
@@ -71,7 +75,7 @@ struct OnlineSoftmax {
       float const sum = quad_allreduce(row_sum[r], [](float a, float b) { return a + b; });
       bool const empty = sum == 0.f || sum != sum;
       o_scale[r] = empty ? 0.f : 1.f / sum;
-      lse[r] = empty ? INFINITY : row_max[r] * float(M_LN2) + logf(sum);
+      lse[r] = empty ? INFINITY : (row_max[r] - float(kPLog2Max)) * float(M_LN2) + logf(sum);
     }
   }
 };
