@@ -73,10 +73,13 @@ struct KernelOptions {
 // FP8 inputs carry float32 descale factors: a stored value x stands for
 // x * scale. One scale per tensor, per (batch, head), or per block of rows,
 // the blocks being the kernel's tiles (fp8_block_sizes), so that the kernel
-// applies them at no extra pass.
+// applies them at no extra pass. Scales must be positive and finite (they
+// live in device memory, so validate() cannot check them); quantize_fp8
+// writes such scales.
 enum class ScaleGranularity { kPerTensor, kPerHead, kPerBlock };
 
-// Rows per scale block with kPerBlock: `q` query rows, `kv` key/value rows.
+// Rows per scale block with kPerBlock: `q` query rows, `kv` key/value rows
+// ({0, 0} for a head dim FP8 does not support).
 struct Fp8BlockSizes {
   int64_t q = 0;
   int64_t kv = 0;
