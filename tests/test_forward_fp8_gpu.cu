@@ -1,8 +1,9 @@
 // The FP8 forward kernel against the GPU reference on fresh random inputs.
 //
-// Inputs are quantized here, on the host, at each scale granularity, with
-// magnitudes that change from block to block so that per-block scales differ
-// (the kernel folds Q's and K's into S and V's into O's running rescale).
+// Inputs are quantized on the host (quantize_fp8's CPU reference) at each
+// scale granularity, with magnitudes that change from block to block so that
+// per-block scales differ (the kernel folds Q's and K's into S and V's into
+// O's running rescale).
 // Reference: attention of the dequantized inputs in float32. Tolerance, as
 // in the BF16 tests: the kernel's max error at most 2x (plus a small
 // epsilon) that of a straightforward FP8 implementation (the reference
@@ -11,7 +12,6 @@
 // (not float32's 23), so S = Q K^T itself carries an error of up to about
 // 2^-13 of sum_c |q_c k_c| per k-step of 32; the test bounds that sum by
 // |q| max_j |k_j| (Cauchy-Schwarz).
-#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -24,6 +24,7 @@
 
 #include "flash3/flash3.h"
 #include "gpu_test_util.h"
+#include "quantize_reference.h"
 #include "reference.h"
 
 namespace {
@@ -55,7 +56,8 @@ std::string name(Fp8Case const& c) {
 }
 
 // A dense float [batch, seqlen, heads, d] tensor quantized to e4m3 with
-// amax / 448 scales over the granularity's groups.
+// amax / 448 scales over the granularity's groups, by the CPU reference of
+// quantize_fp8.
 struct Quantized {
   std::vector<uint8_t> bytes;
   std::vector<float> scales;
@@ -63,29 +65,11 @@ struct Quantized {
 
 Quantized quantize(std::vector<float> const& x, ScaleGranularity g, int64_t batch, int64_t seqlen, int64_t heads,
                    int64_t d, int64_t block) {
-  int64_t const blocks = (seqlen + block - 1) / block;
-  auto group = [&](int64_t b, int64_t s, int64_t h) -> int64_t {
-    switch (g) {
-      case ScaleGranularity::kPerTensor: return 0;
-      case ScaleGranularity::kPerHead: return b * heads + h;
-      default: return (b * heads + h) * blocks + s / block;
-    }
-  };
   Quantized q;
-  q.scales.assign(size_t(flash3::fp8_scale_count(g, batch, heads, seqlen, block)), 0.f);
-  auto for_each = [&](auto f) {
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t s = 0; s < seqlen; ++s)
-        for (int64_t h = 0; h < heads; ++h)
-          for (int64_t c = 0; c < d; ++c) f(((b * seqlen + s) * heads + h) * d + c, group(b, s, h));
-  };
-  for_each([&](int64_t i, int64_t grp) { q.scales[grp] = std::max(q.scales[grp], std::fabs(x[i])); });
-  for (float& s : q.scales) s = s > 0.f ? s / 448.f : 1.f;
   q.bytes.resize(x.size());
-  for_each([&](int64_t i, int64_t grp) {
-    __nv_fp8_e4m3 const v(x[i] / q.scales[grp]);
-    q.bytes[i] = reinterpret_cast<uint8_t const&>(v);
-  });
+  q.scales.resize(size_t(flash3::fp8_scale_count(g, batch, heads, seqlen, block)));
+  flash3::reference::quantize_tensor_cpu(batch, seqlen, heads, d, g, block, /*hadamard=*/false, 0, x.data(),
+                                         q.bytes.data(), q.scales.data());
   return q;
 }
 
@@ -103,9 +87,7 @@ std::vector<float> row_norms(Quantized const& t, ScaleGranularity g, int64_t bat
         int64_t const row = (b * seqlen + s) * heads + h;
         double sum = 0;
         for (int64_t c = 0; c < d; ++c) {
-          __nv_fp8_e4m3 x;
-          reinterpret_cast<uint8_t&>(x) = t.bytes[row * d + c];
-          double const v = double(float(x)) * t.scales[grp];
+          double const v = double(flash3::reference::e4m3_to_float(t.bytes[row * d + c])) * t.scales[grp];
           sum += v * v;
         }
         norms[row] = float(std::sqrt(sum));

@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "expect_invalid.h"
 #include "flash3/flash3.h"
 
 namespace {
@@ -31,11 +32,7 @@ ForwardArgs valid_args() {
 }
 
 void expect_invalid(std::function<void(ForwardArgs&)> const& edit, std::string const& names) {
-  ForwardArgs a = valid_args();
-  edit(a);
-  Status s = flash3::validate(a);
-  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << names;
-  EXPECT_EQ(s.message().rfind(names, 0), 0u) << "message '" << s.message() << "' should start with '" << names << "'";
+  flash3::testing::expect_invalid_args(valid_args(), edit, names);
 }
 
 TEST(Validation, ValidArgumentsPass) {
@@ -87,11 +84,7 @@ ForwardArgs valid_fp8_args() {
 }
 
 void expect_invalid_fp8(std::function<void(ForwardArgs&)> const& edit, std::string const& names) {
-  ForwardArgs a = valid_fp8_args();
-  edit(a);
-  Status s = flash3::validate(a);
-  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << names;
-  EXPECT_EQ(s.message().rfind(names, 0), 0u) << "message '" << s.message() << "' should start with '" << names << "'";
+  flash3::testing::expect_invalid_args(valid_fp8_args(), edit, names);
 }
 
 TEST(Validation, Fp8) {
@@ -213,11 +206,7 @@ flash3::BackwardArgs valid_backward_args() {
 }
 
 void expect_invalid_backward(std::function<void(flash3::BackwardArgs&)> const& edit, std::string const& names) {
-  flash3::BackwardArgs a = valid_backward_args();
-  edit(a);
-  Status s = flash3::validate(a);
-  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << names;
-  EXPECT_EQ(s.message().rfind(names, 0), 0u) << "message '" << s.message() << "' should start with '" << names << "'";
+  flash3::testing::expect_invalid_args(valid_backward_args(), edit, names);
 }
 
 TEST(BackwardValidation, ValidArgumentsPass) {
