@@ -124,7 +124,7 @@ struct Options {
   bool check = true, ablation = false, deterministic = false, fp8_accuracy = false, quant_bandwidth = false;
   flash3::ScaleGranularity granularity = flash3::ScaleGranularity::kPerBlock;
   bool hadamard = false;
-  flash3::KernelOptions options;  // --no-pingpong, --no-overlap: one technique off for the whole sweep
+  flash3::KernelOptions options;  // --no-pingpong, --no-overlap, --no-ws: one technique off for the whole sweep
   std::string json, csv;
 };
 
@@ -138,7 +138,8 @@ void usage() {
       "  --dtype bf16|fp16|e4m3 e4m3: the FP8 forward, O in bf16\n"
       "  --granularity tensor|head|block   FP8 scales (default block)\n"
       "  --hadamard             FP8: incoherent processing of Q and K\n"
-      "  --no-pingpong, --no-overlap   the sweep with that technique off (head dim 128)\n"
+      "  --no-pingpong, --no-overlap, --no-ws   the sweep with that technique off (head dim 128;\n"
+      "                         --no-ws: no warp specialization, bf16)\n"
       "  --tokens N --hidden N  total tokens (16384) and hidden size (2048), the paper's settings\n"
       "  --gqa R                query heads per K/V head (default 1)\n"
       "  --reps N               timed runs per shape, median reported (default 30)\n"
@@ -191,6 +192,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--hadamard") o.hadamard = true;
     else if (a == "--no-pingpong") o.options.pingpong = false;
     else if (a == "--no-overlap") o.options.intra_warpgroup_overlap = false;
+    else if (a == "--no-ws") o.options.warp_specialization = false;
     else if (a == "--fp8-accuracy") o.fp8_accuracy = true;
     else if (a == "--quant-bandwidth") o.quant_bandwidth = true;
     else if (a == "--tokens") o.total_tokens = std::stoll(next());
@@ -676,9 +678,10 @@ int main(int argc, char** argv) {
   if (opt.ablation) {
     // Three interleaved rounds: the card's clock drifts over a run, and a
     // variant timed only after the others would carry that drift.
-    char const* names[] = {"default", "no-pingpong", "no-intra-wg-overlap", "no-persistent"};
-    for (int i = 0; i < 12; ++i) {
-      int const v = i % 4;
+    char const* names[] = {"default", "no-pingpong", "no-intra-wg-overlap", "no-persistent",
+                           "no-warp-specialization"};
+    for (int i = 0; i < 15; ++i) {
+      int const v = i % 5;
       Config c;
       c.variant = names[v];
       c.batch = 4;
@@ -688,6 +691,7 @@ int main(int argc, char** argv) {
       c.options.pingpong = v != 1;
       c.options.intra_warpgroup_overlap = v != 2;
       c.options.persistent = v != 3;
+      c.options.warp_specialization = v != 4;
       configs.push_back(c);
     }
   } else {
@@ -705,9 +709,9 @@ int main(int argc, char** argv) {
             c.dtype = opt.dtype;
             c.granularity = opt.granularity;
             c.options = opt.options;
-            if (!c.options.pingpong || !c.options.intra_warpgroup_overlap) {
-              c.variant = !c.options.pingpong ? "no-pingpong" : "no-intra-wg-overlap";
-            }
+            if (!c.options.pingpong) c.variant = "no-pingpong";
+            if (!c.options.intra_warpgroup_overlap) c.variant = "no-intra-wg-overlap";
+            if (!c.options.warp_specialization) c.variant = "no-warp-specialization";
             c.hadamard = opt.hadamard;
             c.head_dim = d;
             c.causal = causal;
@@ -754,7 +758,7 @@ int main(int argc, char** argv) {
       return v.empty() ? 0.0 : v[v.size() / 2];
     };
     double const base = median_of("default");
-    for (char const* name : {"default", "no-pingpong", "no-intra-wg-overlap", "no-persistent"}) {
+    for (char const* name : {"default", "no-pingpong", "no-intra-wg-overlap", "no-persistent", "no-warp-specialization"}) {
       double const t = median_of(name);
       std::printf("| %s | %.1f | %.3f |\n", name, t, base > 0 ? t / base : 0.0);
     }

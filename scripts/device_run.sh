@@ -36,8 +36,10 @@ if has sanitize; then
   bwd_det="--pass bwd --seqlen 300 --tokens 300 --hidden 128 --hdim 128 --causal 1 --deterministic --reps 1"
   # FP8: the quantization and the kernel with its V transpose.
   fp8="--dtype e4m3 --seqlen 300 --tokens 600 --hidden 256 --hdim 64,128,256 --hadamard --reps 1"
+  # The ablation variant without warp specialization: several tiles per CTA.
+  nows="--no-ws --seqlen 512 --tokens 8192 --hidden 512 --hdim 128 --reps 1 --no-check"
   for tool in memcheck racecheck synccheck; do
-    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$fp8"; do
+    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$fp8" "$nows"; do
       timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/flash3-bench $args >>"$OUT/sanitize.log" 2>&1
       summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
     done

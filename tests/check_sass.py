@@ -5,9 +5,11 @@ Every forward and backward kernel must use the Hopper paths the design relies
 on: HGMMA (warpgroup MMA; QGMMA for the FP8 kernels), UTMALDG (TMA loads), USETMAXREG (setmaxnreg), and
 TMA for its output (UTMASTG: the forward's O; UTMAREDG: the backward's dQ
 reduce-add); and no
-mainloop (an innermost loop that issues warpgroup MMAs) may touch local memory
-(LDL/STL: register spills or stack arrays). Local memory outside the mainloops
-is listed, so that it stays visible.
+mainloop (an innermost loop that issues warpgroup MMAs, or, in the FP8
+kernels, the V transpose's LDSM.T) may touch local memory (LDL/STL: register
+spills or stack arrays). Local memory outside the mainloops is listed, so that
+it stays visible. The forward's ablation variant without warp specialization
+has no producer warpgroup to give registers away: it needs no USETMAXREG.
 """
 import argparse
 import os
@@ -31,18 +33,29 @@ def mma_op(name):
     return "QGMMA" if "float_e4m3" in name else "HGMMA"
 
 
+def warp_specialized(name):
+    """False for FwdTraits<..., kWarpSpecialized = false> (its last template argument)."""
+    return not re.search(r"FwdTraits.*Lb0EEEEEvN", name)
+
+
 def required(name):
-    return tuple(mma_op(name) if op == "HGMMA" else op for op in REQUIRED[kind(name)])
+    ops = tuple(mma_op(name) if op == "HGMMA" else op for op in REQUIRED[kind(name)])
+    return ops if warp_specialized(name) else tuple(op for op in ops if op != "USETMAXREG")
+
+
+def hot_ops(name):
+    """What marks a mainloop: the warpgroup MMA, and FP8's V transpose."""
+    return (mma_op(name), "LDSM.16.MT88") if mma_op(name) == "QGMMA" else (mma_op(name),)
 LOCAL = re.compile(r"\b(LDL|STL)(\.|\s)")
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 BRANCH = re.compile(r"\bBRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))")
 
 
-def mainloops(body, mma="HGMMA"):
-    """Address ranges of the innermost loops that issue `mma`.
+def mainloops(body, ops=("HGMMA",)):
+    """Address ranges of the innermost loops that issue one of `ops`.
 
-    A loop is a backward branch [target, branch]; among the loops holding an
-    MMA, those holding no smaller such loop are the mainloops. The compiler
+    A loop is a backward branch [target, branch]; among the loops holding one
+    of them, those holding no smaller such loop are the mainloops. The compiler
     moves the retry paths of barrier waits out of line: a forward branch jumps
     to them and they branch back to the instruction after it. Such a return is
     no loop.
@@ -62,7 +75,7 @@ def mainloops(body, mma="HGMMA"):
         if target < jump_out <= addr:
             continue  # the return of an out-of-line path
         loops.append((target, addr))
-    hot = [(lo, hi) for lo, hi in loops if any(lo <= a <= hi and mma in t for a, t in code)]
+    hot = [(lo, hi) for lo, hi in loops if any(lo <= a <= hi and any(op in t for op in ops) for a, t in code)]
     inner = [l for l in hot if not any(o != l and l[0] <= o[0] and o[1] <= l[1] for o in hot)]
     return code, inner
 
@@ -94,9 +107,10 @@ def check(objects, cuobjdump, nvdisasm):
             missing = [op for op in required(name) if op not in body]
             if missing:
                 failures.append(f"{obj}: {name}: no {', '.join(missing)}")
-            code, loops = mainloops(body, mma_op(name))
-            if not loops:
-                failures.append(f"{obj}: {name}: no loop issuing {mma_op(name)} found")
+            code, loops = mainloops(body, hot_ops(name))
+            for op in hot_ops(name):
+                if not any(op in t for lo, hi in loops for a, t in code if lo <= a <= hi):
+                    failures.append(f"{obj}: {name}: no loop issuing {op} found")
             for addr, text in code:
                 if LOCAL.search(text):
                     where = [l for l in loops if l[0] <= addr <= l[1]]

@@ -42,5 +42,21 @@ def test_fp8_kernels_need_qgmma():
     assert check_sass.required(name) == ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG")
     body = sass((0x10, "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24"), (0x20, "LDL R3, [R1]"),
                 (0x30, "@P0 BRA 0x10"), (0x40, "EXIT"))
-    code, loops = check_sass.mainloops(body, check_sass.mma_op(name))
+    code, loops = check_sass.mainloops(body, check_sass.hot_ops(name))
     assert loops == [(0x10, 0x30)]
+
+
+def test_spill_in_the_fp8_transpose_loop_is_found():
+    name = "_ZN6flash33fwd14forward_kernelINS0_9FwdTraitsIN7cutlass12float_e4m3_tELi128E"
+    body = sass((0x10, "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24"), (0x20, "@P0 BRA 0x10"),
+                (0x30, "LDL R3, [R1]"), (0x40, "LDSM.16.MT88.4 R4, [R3]"), (0x50, "@P1 BRA 0x30"), (0x60, "EXIT"))
+    code, loops = check_sass.mainloops(body, check_sass.hot_ops(name))
+    assert loops == [(0x10, 0x20), (0x30, 0x50)]
+
+
+def test_the_variant_without_warp_specialization_needs_no_setmaxnreg():
+    with_producer = ("_ZN6flash33fwd14forward_kernelINS0_9FwdTraitsIN7cutlass10bfloat16_tELi128ELb0ELb1ELb1ES4_Lb1EEEEEvN"
+                     "S0_6KernelIT_E6ParamsE")
+    without = with_producer.replace("S4_Lb1EEEEEvN", "S4_Lb0EEEEEvN")
+    assert "USETMAXREG" in check_sass.required(with_producer)
+    assert check_sass.required(without) == ("HGMMA", "UTMALDG", "UTMASTG")

@@ -168,6 +168,20 @@ TEST(ForwardAblation, SameResultWithEachTechniqueOff) {
       run_case({DType::kBF16, 128, causal, 1, 129, 700, 2, 2, false}, 7 + bits, options);
     }
   }
+  // Without warp specialization (built with pingpong and the overlap on):
+  // also more tiles than SMs, so that a CTA runs several (claimed
+  // dynamically when causal and persistent).
+  for (bool persistent : {true, false}) {
+    flash3::KernelOptions options;
+    options.warp_specialization = false;
+    options.persistent = persistent;
+    SCOPED_TRACE(std::string("no warp specialization, persistent ") + (persistent ? "on" : "off"));
+    for (bool causal : {false, true}) {
+      run_case({DType::kBF16, 128, causal, 2, 1000, 1000, 4, 2, false}, 31, options);
+      run_case({DType::kBF16, 128, causal, 1, 129, 700, 2, 2, false}, 32, options);
+      run_case({DType::kBF16, 128, causal, 4, 2000, 1500, 8, 2, false}, 33, options);
+    }
+  }
 }
 
 TEST(Forward, StridesBeyond2To31Elements) {

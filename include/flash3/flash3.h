@@ -68,6 +68,7 @@ struct KernelOptions {
   bool pingpong = true;            // §3.1: named barriers order the two consumer warpgroups' GEMMs
   bool intra_warpgroup_overlap = true;  // §3.2, Algorithm 2: softmax of block j overlaps QK^T of block j+1
   bool persistent = true;          // one CTA per SM, tiles handed out by the scheduler
+  bool warp_specialization = true;  // Algorithm 1: a producer warpgroup loads while the consumers compute
 };
 
 // FP8 inputs carry float32 descale factors: a stored value x stands for

@@ -38,6 +38,16 @@ Status run_forward_causal(ForwardArgs const& a, DeviceInfo const& device, cudaSt
       }
     }
   } else {
+    if (!a.options.warp_specialization) {
+      if constexpr (kHasAblations<kDType, kHeadDim>) {
+        if (pingpong && overlap) {
+          return launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, true, Element, false>>(a, device, stream);
+        }
+      }
+      return Status(Status::Code::kUnsupported,
+                    "options: switching off warp_specialization is only built for bf16 with head_dim 128, with "
+                    "pingpong and intra_warpgroup_overlap on");
+    }
     if (pingpong && overlap) {
       return launch_forward<FwdTraits<Element, kHeadDim, kCausal, true, true>>(a, device, stream);
     }

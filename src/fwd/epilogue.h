@@ -49,7 +49,12 @@ struct Epilogue {
   CUTE_DEVICE static int consumer_thread_idx() {
     uint32_t tid;
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-    return int(tid) - cutlass::NumThreadsPerWarpGroup;
+    return int(tid) - Traits::kFirstConsumerThread;
+  }
+
+  // The last tile's O must be read out of shared memory before the CTA exits.
+  CUTE_DEVICE static void store_tail() {
+    if (consumer_thread_idx() == 0) tma_store_wait<0>();
   }
 
   // tOrO: the normalised fp32 O of this thread; lse: its rows' LSE.
@@ -83,7 +88,7 @@ struct Epilogue {
       copy(p.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
       tma_store_arrive();
     }
-    if constexpr (!Traits::kSeparateSmemO) {
+    if constexpr (!Traits::kSeparateSmemO && Traits::kWarpSpecialized) {
       // Q's next tile may land in this buffer once the store has read it.
       if (thread_idx < cutlass::NumThreadsPerWarp) {
         if (thread_idx == 0) tma_store_wait<0>();

@@ -5,6 +5,8 @@
 //                    (warp 0); FP8: V_j's transpose (warps 1-3)
 //   warpgroups 1, 2  consumers: setmaxnreg up, the mainloop (Algorithm 2),
 //                    the epilogue
+// Without warp specialization (the ablation) there are only the two
+// consumer warpgroups, and their first thread issues the loads too.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -68,12 +70,15 @@ struct Kernel {
     }
     typename PipelineK::Params pipeline_params;
     pipeline_params.transaction_bytes = MainloopT::kKVBytes;
-    pipeline_params.role = warp_group == 0 ? PipelineK::ThreadCategory::Producer : PipelineK::ThreadCategory::Consumer;
+    pipeline_params.role = !Traits::kWarpSpecialized ? PipelineK::ThreadCategory::ProducerConsumer
+                           : warp_group == 0        ? PipelineK::ThreadCategory::Producer
+                                                    : PipelineK::ThreadCategory::Consumer;
     pipeline_params.is_leader = threadIdx.x == 0;
     pipeline_params.num_consumers = Traits::kNumConsumerThreads;
     PipelineK pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
     // The transposing threads: FP8's producer warps 1-3.
     bool const transposer = Traits::kFp8 && warp_group == 0 && warp_in_group != 0;
+    bool const producer = Traits::kWarpSpecialized && warp_group == 0;
     auto pipeline_v = [&] {
       if constexpr (Traits::kFp8) {
         // Transposer -> consumers.
@@ -102,8 +107,8 @@ struct Kernel {
       }
     }();
     typename PipelineTile::Params tile_params;
-    tile_params.role = warp_group == 0 && !transposer ? PipelineTile::ThreadCategory::Producer
-                                                      : PipelineTile::ThreadCategory::Consumer;
+    tile_params.role = producer && !transposer ? PipelineTile::ThreadCategory::Producer
+                                               : PipelineTile::ThreadCategory::Consumer;
     tile_params.producer_arv_count = cutlass::NumThreadsPerWarp;
     tile_params.consumer_arv_count = Traits::kNumConsumerThreads + Traits::kNumTransposeThreads;
     PipelineTile pipeline_tile(smem.pipeline_tile, tile_params);
@@ -122,10 +127,12 @@ struct Kernel {
       if constexpr (Traits::kFp8) {
         int const thread_idx = threadIdx.x - cutlass::NumThreadsPerWarp;
         constexpr uint32_t kStageBytes = Traits::kBlockN * Traits::kHeadDim;  // one byte per element
-        uint32_t const v = cute::cast_smem_ptr_to_uint(smem.v.data());
-        uint32_t const vt = cute::cast_smem_ptr_to_uint(smem.vt.data());
-        auto const lane_offsets = TransposeV<Traits>::lane_offsets(thread_idx);
-        PipelineState read_v_load, write_v = cutlass::make_producer_start_state<PipelineV>();
+        char* const v = reinterpret_cast<char*>(smem.v.data());
+        char* const vt = reinterpret_cast<char*>(smem.vt.data());
+        // V's staging slots and V^T's are filled in step: one state serves
+        // both, V^T's producer phase being the opposite of the staging
+        // slot's consumer phase (registers are scarce here).
+        PipelineState stage;
         typename PipelineTile::PipelineState read_tile;
         for (;;) {
           pipeline_tile.consumer_wait(read_tile);
@@ -134,21 +141,20 @@ struct Kernel {
           ++read_tile;
           if (t >= num_tiles) break;
           BlockRange const range = range_of(scheduler.tile(t));
-          for (int n = range.n_block_min; n < range.n_block_max; ++n) {
-            pipeline_v_load.consumer_wait(read_v_load);
+          for (int blocks = range.n_block_max - range.n_block_min; blocks > 0; --blocks) {
+            PipelineState const write_v(stage.index(), stage.phase() ^ 1, stage.count());
+            pipeline_v_load.consumer_wait(stage);
             pipeline_v.producer_acquire(write_v);
-            TransposeV<Traits>::run(v + read_v_load.index() * kStageBytes, vt + write_v.index() * kStageBytes,
-                                    lane_offsets, thread_idx);
+            TransposeV<Traits>::run(v + stage.index() * kStageBytes, vt + stage.index() * kStageBytes, thread_idx);
             // The GEMM reads V^T through the async proxy.
             cutlass::arch::fence_view_async_shared();
             pipeline_v.producer_commit(write_v);
-            pipeline_v_load.consumer_release(read_v_load);
-            ++write_v;
-            ++read_v_load;
+            pipeline_v_load.consumer_release(stage);
+            ++stage;
           }
         }
       }
-    } else if (warp_group == 0) {
+    } else if (producer) {
       // Producer (lines 2-10).
       cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
       if (warp_in_group != 0) return;
@@ -163,37 +169,76 @@ struct Kernel {
         ++write_tile;
         if (t >= num_tiles) break;
         TileCoord const tile = scheduler.tile(t);
+        // V's TMA loads feed FP8's transposers, else the consumers.
+        auto load_tile = [&](auto& pipeline_v_tma) {
+          using Loads = typename MainloopT::template Loads<std::remove_reference_t<decltype(pipeline_v_tma)>>;
+          MainloopT::load(Loads{params.mainloop, smem, pipeline_k, pipeline_v_tma, write_k, write_v, tile, lane_leader},
+                          range_of(tile), iteration);
+        };
         if constexpr (Traits::kFp8) {
-          MainloopT::load(params.mainloop, smem, pipeline_k, pipeline_v_load, write_k, write_v, tile,
-                          range_of(tile), iteration, lane_leader);
+          load_tile(pipeline_v_load);
         } else {
-          MainloopT::load(params.mainloop, smem, pipeline_k, pipeline_v, write_k, write_v, tile, range_of(tile),
-                          iteration, lane_leader);
+          load_tile(pipeline_v);
         }
       }
     } else {
       // Consumers (lines 11-26).
-      cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
-      int const thread_idx = threadIdx.x - cutlass::NumThreadsPerWarpGroup;
+      if constexpr (Traits::kWarpSpecialized) cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+      int const thread_idx = threadIdx.x - Traits::kFirstConsumerThread;
+      int const consumer_group = thread_idx / cutlass::NumThreadsPerWarpGroup;
       PipelineState read_k, read_v;
+      // Without a producer: the states of consumer thread 0's loads.
+      PipelineState write_k = cutlass::make_producer_start_state<PipelineK>();
+      PipelineState write_v = cutlass::make_producer_start_state<PipelineV>();
       typename Traits::TiledMmaPV tiled_mma_pv;
       Tensor tOrO = partition_fragment_C(tiled_mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
       OnlineSoftmax<2, Traits::kFp8 ? 8 : 0> softmax;
-      MainloopT::pingpong_start(warp_group - 1);
+      MainloopT::pingpong_start(consumer_group);
       typename PipelineTile::PipelineState read_tile;
-      for (;;) {
-        pipeline_tile.consumer_wait(read_tile);
-        int const t = smem.tile_index;
-        pipeline_tile.consumer_release(read_tile);
-        // One slot: its phase flips every tile, as Q's barrier's does.
-        int const q_phase = read_tile.phase();
-        ++read_tile;
+      for (int t = blockIdx.x, iteration = 0;; ++iteration) {
+        int q_phase;  // Q's barrier flips once a tile
+        if constexpr (Traits::kWarpSpecialized) {
+          pipeline_tile.consumer_wait(read_tile);
+          t = smem.tile_index;
+          pipeline_tile.consumer_release(read_tile);
+          q_phase = read_tile.phase();  // one slot: its phase flips every tile too
+          ++read_tile;
+        } else {
+          q_phase = iteration % 2;
+          if (iteration > 0) {
+            // Every consumer is past the previous tile: Q's buffer is free.
+            cutlass::arch::NamedBarrier::sync(Traits::kNumConsumerThreads, uint32_t(Barrier::kTileStart));
+            if (thread_idx < cutlass::NumThreadsPerWarp) {
+              t = next_tile(params, t);
+              if (thread_idx == 0) smem.tile_index = t;
+            }
+            cutlass::arch::NamedBarrier::sync(Traits::kNumConsumerThreads, uint32_t(Barrier::kTileStart));
+            t = smem.tile_index;
+          }
+        }
         if (t >= num_tiles) break;
         TileCoord const tile = scheduler.tile(t);
+        BlockRange const range = range_of(tile);
+        typename MainloopT::template Loads<PipelineV> const loads{params.mainloop, smem, pipeline_k, pipeline_v,
+                                                                  write_k,         write_v, tile,    true};
+        if constexpr (!Traits::kWarpSpecialized) {
+          if (thread_idx == 0) {
+            // O's store must have read the buffer Q shares with it.
+            if constexpr (!Traits::kSeparateSmemO) tma_store_wait<0>();
+            MainloopT::load_first_blocks(loads, range);
+          }
+          __syncwarp();
+        }
+        auto load_ahead = [&](int n_block) {
+          if constexpr (!Traits::kWarpSpecialized) {
+            if (thread_idx == 0) MainloopT::load_ahead(loads, range, n_block);
+            __syncwarp();
+          }
+        };
         clear(tOrO);
         softmax.reset();
         float const o_descale = MainloopT::mma(params.mainloop, smem, pipeline_k, pipeline_v, read_k, read_v, tOrO,
-                                               softmax, tile, range_of(tile), q_phase, thread_idx);
+                                               softmax, tile, range, q_phase, thread_idx, load_ahead);
         // Line 24: O / l and the LSE.
         float o_scale[2], lse[2];
         softmax.finalize(o_scale, lse);
@@ -202,6 +247,7 @@ struct Kernel {
         rescale_rows(tOrO, o_scale);
         EpilogueT::store(params.epilogue, smem, tOrO, lse, tile);
       }
+      EpilogueT::store_tail();
     }
   }
 };

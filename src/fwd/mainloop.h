@@ -86,69 +86,95 @@ struct Mainloop {
   }
 
   // ---------------------------------------------------------------- producer
-  // Run by one warp of the producer warpgroup; `leader` is one elected lane,
-  // which issues the copies. pipeline_v is V's TMA load (FP8: into the
-  // buffer the transpose reads). Key blocks are walked from the last to the first
-  // so that the masked blocks come first (the consumer does the same).
-  CUTE_DEVICE static void load(Params const& p, SharedStorage& smem, PipelineK& pipeline_k,
-                               typename Traits::PipelineVLoad& pipeline_v, PipelineState& write_k, PipelineState& write_v,
-                               TileCoord tile, BlockRange range, int tile_iteration, bool leader) {
-    Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
-    Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
-    Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
-    int const head_kv = tile.head / p.head_group;
-    Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), select<0, 2>(TileShapeQK{}), make_coord(tile.m_block, _0{}));
-    Tensor gK = local_tile(mK(_, _, head_kv, tile.batch), select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));
-    Tensor gV = local_tile(mV(_, _, head_kv, tile.batch), select<1, 2>(TileShapeQK{}), make_coord(_, _0{}));
-    Tensor sQ = make_tensor(make_smem_ptr(smem.qo.q.data()), SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutV{});
+  // The TMA loads of one tile: Q, and K_j or V_j into the next stage of
+  // their circular buffer (FP8: V into the buffer the transpose reads).
+  // `leader` is the one thread that issues the copies.
+  template <class PipelineVLoad>
+  struct Loads {
+    Params const& p;
+    SharedStorage& smem;
+    PipelineK& pipeline_k;
+    PipelineVLoad& pipeline_v;
+    PipelineState& write_k;
+    PipelineState& write_v;
+    TileCoord tile;
+    bool leader;
+    int head_kv;
 
-    auto tma_q = p.tma_q.get_slice(_0{});
-    auto tma_k = p.tma_k.get_slice(_0{});
-    auto tma_v = p.tma_v.get_slice(_0{});
-    Tensor tQgQ = tma_q.partition_S(gQ);
-    Tensor tQsQ = tma_q.partition_D(sQ);
-    Tensor tKgK = tma_k.partition_S(gK);  // (TMA, TMA_N, TMA_K, n_blocks)
-    Tensor tKsK = tma_k.partition_D(sK);  // (TMA, TMA_N, TMA_K, stages)
-    Tensor tVgV = tma_v.partition_S(gV);
-    Tensor tVsV = tma_v.partition_D(sV);
+    CUTE_DEVICE Loads(Params const& p, SharedStorage& smem, PipelineK& pipeline_k, PipelineVLoad& pipeline_v,
+                      PipelineState& write_k, PipelineState& write_v, TileCoord tile, bool leader)
+        : p(p), smem(smem), pipeline_k(pipeline_k), pipeline_v(pipeline_v), write_k(write_k), write_v(write_v),
+          tile(tile), leader(leader), head_kv(tile.head / p.head_group) {}
 
-    auto load_k = [&](int n_block) {
-      pipeline_k.producer_acquire(write_k);
+    CUTE_DEVICE void q() const {
+      if (!leader) return;
+      Tensor gQ = local_tile(p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, tile.batch),
+                             select<0, 2>(TileShapeQK{}), make_coord(tile.m_block, _0{}));
+      Tensor sQ = make_tensor(make_smem_ptr(smem.qo.q.data()), SmemLayoutQ{});
+      auto tma = p.tma_q.get_slice(_0{});
+      smem.barrier_q.arrive_and_expect_tx(kQBytes);
+      copy(p.tma_q.with(reinterpret_cast<uint64_t&>(smem.barrier_q)), tma.partition_S(gQ), tma.partition_D(sQ));
+    }
+    CUTE_DEVICE void k(int n_block) const { block(p.tma_k, smem.k.data(), SmemLayoutK{}, pipeline_k, write_k, n_block); }
+    CUTE_DEVICE void v(int n_block) const { block(p.tma_v, smem.v.data(), SmemLayoutV{}, pipeline_v, write_v, n_block); }
+
+    template <class Tma, class Layout, class Pipeline>
+    CUTE_DEVICE void block(Tma const& tma, Element* buffer, Layout layout, Pipeline& pipeline, PipelineState& write,
+                           int n_block) const {
+      pipeline.producer_acquire(write);
       if (leader) {
-        copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write_k)), tKgK(_, _, _, n_block),
-             tKsK(_, _, _, write_k.index()));
+        Tensor g = local_tile(tma.get_tma_tensor(p.shape_k)(_, _, head_kv, tile.batch),
+                              select<1, 2>(TileShapeQK{}), make_coord(n_block, _0{}));
+        Tensor s = make_tensor(make_smem_ptr(buffer), layout);  // (N, d, stages)
+        auto slice = tma.get_slice(_0{});
+        copy(tma.with(*pipeline.producer_get_barrier(write)), slice.partition_S(g),
+             slice.partition_D(s)(_, _, _, write.index()));
       }
-      ++write_k;
-    };
-    auto load_v = [&](int n_block) {
-      pipeline_v.producer_acquire(write_v);
-      if (leader) {
-        copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write_v)), tVgV(_, _, _, n_block),
-             tVsV(_, _, _, write_v.index()));
-      }
-      ++write_v;
-    };
+      ++write;
+    }
+  };
 
+  // Algorithm 1, lines 4-10, run by one warp of the producer warpgroup. Key
+  // blocks are walked from the last to the first so that the masked blocks
+  // come first (the consumer does the same).
+  template <class PipelineVLoad>
+  CUTE_DEVICE static void load(Loads<PipelineVLoad> const& loads, BlockRange range, int tile_iteration) {
     int n_block = range.n_block_max - 1;
     // K of the first block does not depend on Q's buffer: start it before
     // waiting for the consumers to free Q.
-    if (!range.empty()) load_k(n_block);
+    if (!range.empty()) loads.k(n_block);
     if (tile_iteration > 0) {
       cutlass::arch::NamedBarrier::sync(kQueryEmptyThreads + cutlass::NumThreadsPerWarp,
                                         uint32_t(Barrier::kQueryEmpty));
     }
-    if (leader) {
-      smem.barrier_q.arrive_and_expect_tx(kQBytes);
-      copy(p.tma_q.with(reinterpret_cast<uint64_t&>(smem.barrier_q)), tQgQ, tQsQ);
-    }
+    loads.q();
     if (range.empty()) return;
-    load_v(n_block);
+    loads.v(n_block);
     for (--n_block; n_block >= range.n_block_min; --n_block) {
-      load_k(n_block);
-      load_v(n_block);
+      loads.k(n_block);
+      loads.v(n_block);
     }
+  }
+
+  // Without warp specialization one consumer thread issues the same loads:
+  // at the start of a tile Q and the first kStages K and kStages - 1 V
+  // blocks; then, before Algorithm 2's iteration for block n, K_{n-S+1} and
+  // V_{n-S+2}, each into the stage iteration n + 1 freed (its QK^T read K_{n+1},
+  // its PV V_{n+2}). Waiting for a stage then never waits on this iteration.
+  template <class PipelineVLoad>
+  CUTE_DEVICE static void load_first_blocks(Loads<PipelineVLoad> const& loads, BlockRange range) {
+    int const n = range.n_block_max - 1;
+    if (!range.empty()) loads.k(n);
+    loads.q();
+    if (range.empty()) return;
+    loads.v(n);
+    for (int j = n - 1; j >= max(range.n_block_min, n - Traits::kStages + 1); --j) loads.k(j);
+    for (int j = n - 1; j >= max(range.n_block_min, n - Traits::kStages + 2); --j) loads.v(j);
+  }
+  template <class PipelineVLoad>
+  CUTE_DEVICE static void load_ahead(Loads<PipelineVLoad> const& loads, BlockRange range, int n_block) {
+    if (n_block - Traits::kStages + 1 >= range.n_block_min) loads.k(n_block - Traits::kStages + 1);
+    if (n_block - Traits::kStages + 2 >= range.n_block_min) loads.v(n_block - Traits::kStages + 2);
   }
 
   // Consumer threads that arrive at kQueryEmpty: all of them when O has its
@@ -177,14 +203,15 @@ struct Mainloop {
   }
 
   // O (un-normalised) and the softmax state for one tile. thread_idx counts
-  // the consumer threads from 0. Returns the factor O still needs besides
-  // 1 / l: FP8's V descale of the last block (O is held in units of the
-  // descale of the block last added), else 1.
-  template <class FragO, class Softmax>
+  // the consumer threads from 0. load_ahead(n) runs before the iteration for
+  // key block n (the loads, without warp specialization). Returns the factor
+  // O still needs besides 1 / l: FP8's V descale of the last block (O is
+  // held in units of the descale of the block last added), else 1.
+  template <class FragO, class Softmax, class LoadAhead>
   CUTE_DEVICE static float mma(Params const& p, SharedStorage& smem, PipelineK& pipeline_k,
                               PipelineV& pipeline_v, PipelineState& read_k, PipelineState& read_v,
                               FragO& tOrO, Softmax& softmax, TileCoord tile, BlockRange range,
-                              int q_phase, int thread_idx) {
+                              int q_phase, int thread_idx, LoadAhead&& load_ahead) {
     int const warp_group = thread_idx / cutlass::NumThreadsPerWarpGroup;
     typename Traits::TiledMmaQK tiled_mma_qk;
     typename Traits::TiledMmaPV tiled_mma_pv;
@@ -285,6 +312,7 @@ struct Mainloop {
       auto iteration = [&](int n, auto needs_mask) {
         Tensor tSrS_next = partition_fragment_C(tiled_mma_qk, select<0, 1>(TileShapeQK{}));
         BlockDescale const descale = block_descale(n);
+        load_ahead(n);
         pingpong_wait_turn(warp_group);
         qk_gemm(tSrS_next);
         pv_gemm();
@@ -341,9 +369,9 @@ struct Mainloop {
   }
 
   // With a separate O buffer, Q's buffer is free once this thread's last
-  // QK^T has completed.
+  // QK^T has completed (without a producer, the next tile's start says so).
   CUTE_DEVICE static void query_done() {
-    if constexpr (Traits::kSeparateSmemO) {
+    if constexpr (Traits::kSeparateSmemO && Traits::kWarpSpecialized) {
       cutlass::arch::NamedBarrier::arrive(kQueryEmptyThreads + cutlass::NumThreadsPerWarp,
                                           uint32_t(Barrier::kQueryEmpty));
     }

@@ -15,7 +15,7 @@ using namespace cute;
 
 // Element is Q, K, V's type; ElementO is O's (the same, except for FP8).
 template <class Element_, int kHeadDim_, bool kCausal_, bool kPingpong_ = true, bool kIntraWGOverlap_ = true,
-          class ElementO_ = Element_>
+          class ElementO_ = Element_, bool kWarpSpecialized_ = true>
 struct FwdTraits {
   using Element = Element_;
   using ElementO = ElementO_;
@@ -23,6 +23,9 @@ struct FwdTraits {
   static constexpr bool kCausal = kCausal_;
   static constexpr bool kPingpong = kPingpong_;
   static constexpr bool kIntraWGOverlap = kIntraWGOverlap_;
+  // Algorithm 1's producer warpgroup. Switched off (the ablation), the
+  // consumers issue the TMA loads themselves, between their GEMMs.
+  static constexpr bool kWarpSpecialized = kWarpSpecialized_;
   // FP8 (§3.3): V is transposed in shared memory by the producer warpgroup,
   // P is re-laid out in registers, and the inputs carry descale factors.
   static constexpr bool kFp8 = sizeof(Element) == 1;
@@ -34,8 +37,14 @@ struct FwdTraits {
 
   static constexpr int kNumConsumerWarpGroups = kBlockM / 64;
   static constexpr int kNumConsumerThreads = kNumConsumerWarpGroups * 128;
-  static constexpr int kNumThreads = kNumConsumerThreads + 128;  // + the producer warpgroup
+  static constexpr int kFirstConsumerThread = kWarpSpecialized ? 128 : 0;  // after the producer warpgroup
+  static constexpr int kNumThreads = kFirstConsumerThread + kNumConsumerThreads;
   static_assert(kNumConsumerWarpGroups == 2, "pingpong pairs two consumer warpgroups");
+  // Without a producer, loads are issued one block ahead, into the stage the
+  // previous iteration of Algorithm 2 freed; FP8's V transpose needs the
+  // producer's warps.
+  static_assert(kWarpSpecialized || (kIntraWGOverlap && !kFp8),
+                "the variant without warp specialization is built on Algorithm 2, for BF16/FP16");
   // The producer warpgroup: warp 0 issues the TMA loads; with FP8 the other
   // three transpose V.
   static constexpr int kNumTransposeThreads = kFp8 ? 3 * cutlass::NumThreadsPerWarp : 0;
@@ -140,6 +149,7 @@ enum class Barrier : uint32_t {
   kQueryEmpty = 0,   // consumers -> producer: Q's buffer may be overwritten
   kEpilogue = 1,     // consumers: O is in shared memory / its buffer is free
   kPingpongWG0 = 2,  // consumer warpgroup w waits on kPingpongWG0 + w for its turn to issue GEMMs
+  kTileStart = 4,    // without a producer: consumers past the previous tile / the next tile's index written
 };
 
 }  // namespace flash3::fwd

@@ -11,8 +11,9 @@
 // the block being fed as k = perm(n), and V^T gets key n at column perm(n).
 #pragma once
 
+#include <cute/arch/copy_sm75.hpp>
+#include <cute/arch/copy_sm90.hpp>
 #include <cute/tensor.hpp>
-#include <cutlass/arch/memory.h>
 
 namespace flash3::fwd {
 
@@ -32,70 +33,108 @@ struct TransposeV {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kWarps = Traits::kNumTransposeThreads / cutlass::NumThreadsPerWarp;
-  static_assert(kBlockN % 32 == 0 && kHeadDim % 64 == 0);
+  static_assert(kBlockN % 32 == 0 && kHeadDim % 16 == 0 && sizeof(Element) == 1);
 
-  // The tile is cut into 4 x 4 byte squares: 4 keys (rows of V, columns k
-  // of V^T) by 4 head-dim entries, each moved with four 32-bit loads, eight
-  // byte permutes and four 32-bit stores. A warp takes a region of 32 keys
-  // by 16 kSquares head-dim entries at a time, lane l the squares
-  // (l % 8, l / 8 + 4 s), s < kSquares, of it: its loads and stores spread
-  // over the banks of the swizzled rows, and each lane has kSquares squares'
-  // loads in flight. Head dim 256 takes 4 squares (fewer, longer loop
-  // iterations: +12% measured); 64 and 128 take 2 (with 4, 128 measured 4%
-  // slower, and 64's regions would no longer spread over the 3 warps).
-  static constexpr uint32_t kSquares = kHeadDim >= 256 ? 4 : 2;
-  static constexpr uint32_t kRegionDims = 16 * kSquares;
-  static constexpr uint32_t kKeyRegions = kBlockN / 32;
-  static constexpr uint32_t kRegions = kKeyRegions * (kHeadDim / kRegionDims);
+  // A warp moves a unit of 32 keys by 16 head-dim entries (512 bytes) with
+  // one LDSM.T, four byte permutes and one STSM:
+  //  - ldmatrix .trans x4 reads the 16-byte rows of keys 8i..8i+7 as four
+  //    8 x 8 matrices of 16-bit pairs and hands lane l, of each, keys
+  //    2(l%4), 2(l%4)+1 at head-dim entries 2(l/4), 2(l/4)+1;
+  //  - byte permutes of matrices 0, 1 (and 2, 3) give four keys
+  //    {2q, 2q+1, 8+2q, 9+2q} (+16) of one head-dim entry: exactly the keys
+  //    of the GEMM's k = 4q..4q+3 (key_of_k), so
+  //  - stmatrix x4 writes them as rows 2(l/4) (even entries, matrices 0, 2)
+  //    and 2(l/4)+1 (odd, 1, 3) of V^T, columns 4q..4q+3 (+16).
+  // Units are dealt to the warps round-robin; each lane keeps kInFlight
+  // loads in flight before it permutes and stores.
+  static constexpr int kKeyRegions = kBlockN / 32;
+  static constexpr int kUnits = kKeyRegions * (kHeadDim / 16);
+  static constexpr int kInFlight = 2;
 
   using LayoutV = decltype(take<0, 2>(typename Traits::SmemLayoutV{}));
   using LayoutVt = decltype(take<0, 2>(typename Traits::SmemLayoutVt{}));
 
-  // Addresses are split into a lane's part (its keys and head-dim entries
-  // within a region) and a region's part. The two touch different bits of
-  // the unswizzled offset and a swizzle is linear over GF(2), so an address
-  // is the XOR of the two swizzled parts: the lane's are computed once.
-  struct Lane {
-    uint32_t v[4];   // row j of the lane's square: key key_of_k(k + j)
-    uint32_t vt[4];  // row c of its transposed square: head-dim entry d + c
-  };
-
-  CUTE_DEVICE static Lane lane_offsets(int thread_idx) {
-    uint32_t const lane = uint32_t(thread_idx) % cutlass::NumThreadsPerWarp;
-    uint32_t const k = 4 * (lane % 8), d = 4 * (lane / 8);
-    Lane l;
-    CUTE_UNROLL
-    for (uint32_t j = 0; j < 4; ++j) {
-      l.v[j] = uint32_t(LayoutV{}(make_coord(uint32_t(key_of_k(int(k + j))), d))) * sizeof(Element);
-      l.vt[j] = uint32_t(LayoutVt{}(make_coord(d + j, k))) * sizeof(Element);
-    }
-    return l;
+  // Byte offsets within a stage of V (N, d) and of V^T (d, N): a unit's
+  // corner, and a lane's row (of V: key 8i + l%8 of matrix i = l/8; of V^T:
+  // entry 2(l%8) + j%2, keys 16(j/2).. of matrix j = l/8) within the unit.
+  CUTE_HOST_DEVICE static constexpr uint32_t unit_v(int u) {
+    return LayoutV{}(make_coord(32 * (u % kKeyRegions), 16 * (u / kKeyRegions)));
+  }
+  CUTE_HOST_DEVICE static constexpr uint32_t unit_vt(int u) {
+    return LayoutVt{}(make_coord(16 * (u / kKeyRegions), 32 * (u % kKeyRegions)));
+  }
+  CUTE_HOST_DEVICE static constexpr uint32_t lane_v(int l) { return LayoutV{}(make_coord(l, 0)); }
+  CUTE_HOST_DEVICE static constexpr uint32_t lane_vt(int l) {
+    return LayoutVt{}(make_coord(2 * (l % 8) + (l / 8) % 2, 16 * (l / 16)));
   }
 
-  // v, vt: shared-memory addresses of one stage of V (N, d) as loaded and of
-  // V^T (d, N) as the GEMM reads it.
-  CUTE_DEVICE static void run(uint32_t v, uint32_t vt, Lane const& lane, int thread_idx) {
-    for (uint32_t region = uint32_t(thread_idx) / cutlass::NumThreadsPerWarp; region < kRegions; region += kWarps) {
-      uint32_t const k0 = 32 * (region % kKeyRegions), d0 = kRegionDims * (region / kKeyRegions);
-      uint32_t w[kSquares][4];
-      CUTE_UNROLL
-      for (uint32_t sq = 0; sq < kSquares; ++sq) {
-        uint32_t const base = uint32_t(LayoutV{}(make_coord(k0, d0 + 16 * sq))) * sizeof(Element);
-        CUTE_UNROLL
-        for (uint32_t j = 0; j < 4; ++j) cutlass::arch::shared_load<4>(&w[sq][j], v + (base ^ lane.v[j]));
-      }
-      CUTE_UNROLL
-      for (uint32_t sq = 0; sq < kSquares; ++sq) {
-        // 4 x 4 byte transpose: t[c] holds byte c of w[sq][0..3].
-        uint32_t const lo01 = __byte_perm(w[sq][0], w[sq][1], 0x5140), hi01 = __byte_perm(w[sq][0], w[sq][1], 0x7362);
-        uint32_t const lo23 = __byte_perm(w[sq][2], w[sq][3], 0x5140), hi23 = __byte_perm(w[sq][2], w[sq][3], 0x7362);
-        uint32_t const t[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
-                               __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
-        uint32_t const base = uint32_t(LayoutVt{}(make_coord(d0 + 16 * sq, k0))) * sizeof(Element);
-        CUTE_UNROLL
-        for (uint32_t c = 0; c < 4; ++c) cutlass::arch::shared_store<4>(vt + (base ^ lane.vt[c]), &t[c]);
+  // The two parts touch different bits of the unswizzled offset and a
+  // swizzle is linear over GF(2), so an offset is unit ^ lane. Outside the
+  // bits both parts can set (the swizzled 16-byte column), ^ is +: the
+  // lane's part there joins the stage's address once, the unit's is an
+  // immediate, and one XOR of the column bits is left per unit.
+  template <class UnitPart, class LanePart>
+  static constexpr uint32_t shared_bits(UnitPart unit, LanePart lane) {
+    uint32_t units = 0, lanes = 0;
+    for (int u = 0; u < kUnits; ++u) units |= unit(u);
+    for (int l = 0; l < cutlass::NumThreadsPerWarp; ++l) lanes |= lane(l);
+    return units & lanes;
+  }
+  static constexpr uint32_t kSharedV = shared_bits(unit_v, lane_v);
+  static constexpr uint32_t kSharedVt = shared_bits(unit_vt, lane_vt);
+  static constexpr bool separable() {
+    for (int u = 0; u < kUnits; ++u) {
+      for (int l = 0; l < cutlass::NumThreadsPerWarp; ++l) {
+        int const k = 32 * (u % kKeyRegions), d = 16 * (u / kKeyRegions);
+        if (uint32_t(LayoutV{}(make_coord(k + l, d))) != (unit_v(u) ^ lane_v(l))) return false;
+        if (uint32_t(LayoutVt{}(make_coord(d + 2 * (l % 8) + (l / 8) % 2, k + 16 * (l / 16)))) !=
+            (unit_vt(u) ^ lane_vt(l))) {
+          return false;
+        }
       }
     }
+    return true;
+  }
+  static_assert(separable(), "a unit's and a lane's offsets must combine by XOR");
+
+  // v, vt: one stage of V as loaded and of V^T as the GEMM reads it. The
+  // warp index picks one of kWarps unrolled copies, so each unit's part is
+  // a constant.
+  CUTE_DEVICE static void run(char* v, char* vt, int thread_idx) {
+    // The lane is read afresh: its parts are computed here, each stage,
+    // instead of being hoisted out of the loops with one XOR per unit and
+    // spilled (the transposers hold 40 registers).
+    uint32_t lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    uint32_t const lane_v_all = lane_v(int(lane)), lane_vt_all = lane_vt(int(lane));
+    v += lane_v_all & ~kSharedV;
+    vt += lane_vt_all & ~kSharedVt;
+    uint32_t const v_shared = lane_v_all & kSharedV, vt_shared = lane_vt_all & kSharedVt;
+    int const warp = thread_idx / cutlass::NumThreadsPerWarp;
+    cute::for_each(make_int_sequence<kWarps>{}, [&](auto w) {
+      constexpr int kWarp = decltype(w)::value;
+      constexpr int kMine = (kUnits - kWarp + kWarps - 1) / kWarps;  // units kWarp, kWarp + kWarps, ...
+      if (warp != kWarp) return;
+      cute::for_each(make_int_sequence<(kMine + kInFlight - 1) / kInFlight>{}, [&](auto batch) {
+        constexpr int kFirst = decltype(batch)::value * kInFlight;
+        constexpr int kCount = cute::min(kInFlight, kMine - kFirst);
+        uint32_t r[kCount][4];
+        CUTE_UNROLL
+        for (int i = 0; i < kCount; ++i) {
+          uint32_t const unit = unit_v(kWarp + kWarps * (kFirst + i));
+          char const* src = v + (unit & ~kSharedV) + (v_shared ^ (unit & kSharedV));
+          SM75_U16x8_LDSM_T::copy(*reinterpret_cast<uint128_t const*>(src), r[i][0], r[i][1], r[i][2], r[i][3]);
+        }
+        CUTE_UNROLL
+        for (int i = 0; i < kCount; ++i) {
+          uint32_t const unit = unit_vt(kWarp + kWarps * (kFirst + i));
+          char* dst = vt + (unit & ~kSharedVt) + (vt_shared ^ (unit & kSharedVt));
+          SM90_U32x4_STSM_N::copy(__byte_perm(r[i][0], r[i][1], 0x6420), __byte_perm(r[i][0], r[i][1], 0x7531),
+                                  __byte_perm(r[i][2], r[i][3], 0x6420), __byte_perm(r[i][2], r[i][3], 0x7531),
+                                  *reinterpret_cast<uint128_t*>(dst));
+        }
+      });
+    });
   }
 };
 
