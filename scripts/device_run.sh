@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: GPU tests, compute-sanitizer, the benchmark
 # sweep, the Table 2 ablation and the SDPA peers, logs under $OUT, a short
-# summary last. Binaries are built on the workstation and carried in .device/
+# summary last (the logs themselves in $OUT/logs.tgz). Binaries are built on
+# the workstation and carried in .device/
 # (scripts/stage_device.sh).
 #   scripts/device_run.sh [stage ...]   stages: test sanitize bench bwd fp8 ablation compare (default: all)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter).
@@ -87,3 +88,6 @@ for f in bench_fp8.txt fp8_accuracy.txt quant_bandwidth.txt; do [ -f "$OUT/$f" ]
 [ -f "$OUT/bench_bwd_det.txt" ] && { echo "== bench_bwd_det.txt (deterministic)"; grep '^| bwd' "$OUT/bench_bwd_det.txt"; }
 echo "== summary"
 printf '%s\n' "${summary[@]}"
+
+# The device tool brings back a few files only: the logs travel as one archive.
+(cd "$OUT" && tar -czf logs.tgz --remove-files $(ls | grep -v '^logs.tgz$'))
