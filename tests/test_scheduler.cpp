@@ -59,6 +59,19 @@ TEST(TileScheduler, LongestFirstWithinEachSection) {
   EXPECT_NE(s.tile(1).head, s.tile(0).head);
 }
 
+TEST(TileScheduler, CausalSectionsLongEnoughForTheirLongestTile) {
+  // 132 CTAs, 64 M-blocks: a section of three pairs would leave its longest
+  // tile running nearly alone at the end; causal sections hold
+  // ceil(4 * 132 / 64) = 9 pairs even though the L2 budget fits 3.
+  int64_t const l2 = 50 << 20;
+  int64_t const kv_bytes = 8 << 20;
+  EXPECT_EQ(TileScheduler::make(64, 8, 2, kv_bytes, l2).heads_per_section, 3);
+  EXPECT_EQ(TileScheduler::make(64, 8, 2, kv_bytes, l2, /*causal=*/true, 132).heads_per_section, 9);
+  // Never more than there are pairs; a budget that fits more stays.
+  EXPECT_EQ(TileScheduler::make(2, 8, 2, kv_bytes, l2, true, 132).heads_per_section, 16);
+  EXPECT_EQ(TileScheduler::make(64, 8, 2, 1 << 20, l2, true, 132).heads_per_section, 16);
+}
+
 // Brute force: which key blocks hold a visible column, which a masked one.
 BlockRange brute_force(int m_block, int bm, int bn, int sq, int sk, bool causal) {
   int n_blocks = (sk + bn - 1) / bn;

@@ -35,14 +35,27 @@ struct TileScheduler {
 
   // kv_bytes_per_head: bytes of K plus V one head reads. l2_bytes: the cache
   // to share; half of it is budgeted so Q and O traffic do not evict K/V.
+  //
+  // causal, num_ctas: a section's tiles run from the longest (every key) to
+  // the shortest, so the last section's longest tile starts when that
+  // section's work is all that is left to the grid. For it not to outlast
+  // the rest, a section's work per CTA should be well above one longest tile:
+  // a pair's causal work is about num_m_blocks / 2 longest tiles, and a
+  // section holds at least 4 * num_ctas / num_m_blocks pairs (twice the bare
+  // minimum; measured against 2 and 8 in the performance record, run 13),
+  // past the L2 budget if need be.
   static TileScheduler make(int num_m_blocks, int num_heads, int num_batch, int64_t kv_bytes_per_head,
-                            int64_t l2_bytes) {
+                            int64_t l2_bytes, bool causal = false, int num_ctas = 1) {
     TileScheduler s;
     s.num_m_blocks = num_m_blocks;
     s.num_heads = num_heads;
     s.num_batch = num_batch;
     int64_t pairs = int64_t(num_heads) * num_batch;
     int64_t fit = kv_bytes_per_head > 0 ? (l2_bytes / 2) / kv_bytes_per_head : pairs;
+    if (causal && num_m_blocks > 0) {
+      int64_t const tail = (4 * int64_t(num_ctas) + num_m_blocks - 1) / num_m_blocks;
+      if (fit < tail) fit = tail;
+    }
     if (fit < 1) fit = 1;
     s.heads_per_section = int(fit < pairs ? fit : (pairs > 0 ? pairs : 1));
     s.total_tiles = num_m_blocks * num_heads * num_batch;

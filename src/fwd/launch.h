@@ -41,10 +41,10 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   // K and V bytes one query head reads, shared by the heads of its GQA group.
   int64_t const kv_bytes = 2 * a.seqlen_k * a.head_dim * int64_t(sizeof(typename Traits::Element)) /
                            (a.heads_q / a.heads_kv);
-  params.scheduler = TileScheduler::make(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, device.l2_bytes);
-
-  int const num_tiles = params.scheduler.num_tiles();
+  int const num_tiles = num_m_blocks * int(a.heads_q) * int(a.batch);
   int const grid = a.options.persistent ? std::min(num_tiles, device.num_sms) : num_tiles;
+  params.scheduler = TileScheduler::make(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, device.l2_bytes,
+                                         Traits::kCausal, grid);
   auto kernel = forward_kernel<Traits>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelT::kSmemBytes);
   // Causal tiles differ in cost: a persistent grid claims them dynamically
