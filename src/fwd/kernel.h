@@ -192,7 +192,7 @@ struct Kernel {
       PipelineState write_v = cutlass::make_producer_start_state<PipelineV>();
       typename Traits::TiledMmaPV tiled_mma_pv;
       Tensor tOrO = partition_fragment_C(tiled_mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
-      OnlineSoftmax<2, Traits::kFp8 ? 8 : 0> softmax;
+      OnlineSoftmax<2, Traits::kFp8 ? 8 : 0, Traits::kLazyRowMax> softmax;
       MainloopT::pingpong_start(consumer_group);
       typename PipelineTile::PipelineState read_tile;
       for (int t = blockIdx.x, iteration = 0;; ++iteration) {

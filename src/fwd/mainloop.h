@@ -255,12 +255,17 @@ struct Mainloop {
       }
       return d;
     };
+    // Whether the last softmax step moved a row max (warp-uniform): if not, and
+    // no V descale changes, O needs no rescale.
+    bool max_moved = true;
     auto rescale_o = [&](float v_next) {
       if constexpr (Traits::kFp8) {
         float const ratio = v_descale / v_next;
         v_descale = v_next;
         CUTE_UNROLL
         for (int r = 0; r < Softmax::kRowsPerThread; ++r) o_scale[r] *= ratio;
+      } else {
+        if (!max_moved) return;
       }
       rescale_rows(tOrO, o_scale);
     };
@@ -285,7 +290,7 @@ struct Mainloop {
     auto release_v = [&]() { pipeline_v.consumer_release(read_v); ++read_v; };
     auto softmax_step = [&](auto& acc_s, int n_block, auto needs_mask, BlockDescale descale) {
       if constexpr (decltype(needs_mask)::value) mask.apply(acc_s, tile.m_block, n_block, thread_idx);
-      softmax.step(acc_s, o_scale, p.scale_log2 * descale.qk);
+      max_moved = softmax.step(acc_s, o_scale, p.scale_log2 * descale.qk);
     };
     auto to_operand = [&](auto const& acc_s) { tOrP = operand_p(acc_s); };
 

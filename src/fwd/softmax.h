@@ -20,9 +20,17 @@ CUTE_DEVICE float quad_allreduce(float x, Op op) {
 // LSE are unchanged). FP8 uses 8: P~ then fills e4m3's range up to 256 of
 // 448, and probabilities down to 2^-14 of the row's largest stay normal
 // numbers (3 mantissa bits) instead of e4m3 subnormals.
-template <int kRows, int kPLog2Max = 0>
+//
+// kLazyMax: m is only a stabiliser, so it may stay while no score of the
+// warp's rows exceeds its row's m by more than kMaxGrowth (log2 units); P~
+// then stays below 2^kMaxGrowth, which bf16 and fp16 P hold, and the quad
+// shuffles of the row max and O's rescale are skipped. (FP8's P~ already
+// spans e4m3's range, so FP8 moves m at every new maximum.)
+template <int kRows, int kPLog2Max = 0, bool kLazyMax = false>
 struct OnlineSoftmax {
   static constexpr int kRowsPerThread = kRows;
+  static constexpr int kMaxGrowth = 8;
+  static_assert(!kLazyMax || kPLog2Max == 0, "a lazy max needs P's range to spare");
   float row_max[kRows];  // m_i, scaled: in log2 units of softmax_scale * S
   float row_sum[kRows];  // l_i, this thread's share until finalize()
 
@@ -37,26 +45,40 @@ struct OnlineSoftmax {
   }
 
   // S -> P~ = exp2(scale_log2 * S - m_new) in place; m and l updated. Returns
-  // in o_scale the factor exp2(m_old - m_new) by which O must be rescaled (0
-  // while a row has seen only masked scores). scale_log2 is softmax_scale *
+  // in o_scale the factor exp2(m_old - m_new) by which O must be rescaled (1
+  // while a row has seen only masked scores: its O is still 0). scale_log2 is softmax_scale *
   // log2(e), times the block's descale factors with FP8 (which may differ
   // from block to block, hence m kept scaled); it is read from the kernel
   // parameters each time rather than held in a register.
+  // Returns whether m moved (warp-uniform; with kLazyMax, o_scale is 1 when
+  // it did not).
   template <class TensorS>
-  CUTE_DEVICE void step(TensorS& acc_s, float (&o_scale)[kRows], float scale_log2) {
+  CUTE_DEVICE bool step(TensorS& acc_s, float (&o_scale)[kRows], float scale_log2) {
     Tensor s = make_tensor(acc_s.data(), accumulator_rowcol(acc_s.layout()));
     static_assert(decltype(size<0>(s))::value == kRows);
+    float local_max[kRows];
+    bool grows = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float m = -INFINITY;
+      local_max[r] = -INFINITY;
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
-      m = fmaxf(row_max[r], quad_allreduce(m, [](float a, float b) { return fmaxf(a, b); }) * scale_log2);
-      // A row with every score masked so far keeps m = -inf; subtract 0 then,
-      // so exp2 sees -inf (giving 0) and never inf - inf.
-      float const m_sub = (m == -INFINITY) ? 0.f : m - float(kPLog2Max);
-      o_scale[r] = exp2f(row_max[r] - float(kPLog2Max) - m_sub);
-      row_max[r] = m;
+      for (int c = 0; c < size<1>(s); ++c) local_max[r] = fmaxf(local_max[r], s(r, c));
+      grows |= local_max[r] * scale_log2 > row_max[r] + float(kMaxGrowth);
+    }
+    bool const moves = !kLazyMax || __any_sync(0xffffffff, grows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      if (moves) {
+        float const m =
+            fmaxf(row_max[r], quad_allreduce(local_max[r], [](float a, float b) { return fmaxf(a, b); }) * scale_log2);
+        // A row with every score masked so far keeps m = -inf; exp2 then sees
+        // -inf (giving 0), never inf - inf.
+        o_scale[r] = m == -INFINITY ? 1.f : exp2f(row_max[r] - m);
+        row_max[r] = m;
+      } else {
+        o_scale[r] = 1.f;
+      }
+      float const m_sub = row_max[r] == -INFINITY ? 0.f : row_max[r] - float(kPLog2Max);
       float sum = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
@@ -65,6 +87,7 @@ struct OnlineSoftmax {
       }
       row_sum[r] = row_sum[r] * o_scale[r] + sum;
     }
+    return moves;
   }
 
   // Line 24: the final 1/l_i for O, and L_i = m_i + log(l_i) (natural log).
