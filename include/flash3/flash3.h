@@ -64,6 +64,10 @@ TensorRef<Pointer> contiguous(Pointer data, int64_t seqlen, int64_t heads, int64
 
 // Switches for the paper's ablation (Table 2). Every technique is on by
 // default; turning one off gives a slower kernel that computes the same result.
+// The variants are built for head dim 128 only (bf16, and e4m3 with a bf16 O
+// for pingpong and the overlap; bf16 with the other two on for
+// warp_specialization); other combinations return kUnsupported. persistent
+// works everywhere.
 struct KernelOptions {
   bool pingpong = true;            // §3.1: named barriers order the two consumer warpgroups' GEMMs
   bool intra_warpgroup_overlap = true;  // §3.2, Algorithm 2: softmax of block j overlaps QK^T of block j+1
