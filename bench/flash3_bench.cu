@@ -89,6 +89,11 @@ __global__ void compare(uint16_t const* a, int64_t row_len, int64_t row_stride, 
 char const* dtype_name(DType t) { return t == DType::kBF16 ? "bf16" : t == DType::kFP16 ? "fp16" : "e4m3"; }
 
 enum class Pass { kFwd, kBwd, kFwdBwd };
+
+// --ablation's variants (paper Table 2), in the order of their option switches below.
+constexpr char const* kAblations[] = {"default", "no-pingpong", "no-intra-wg-overlap", "no-persistent",
+                                      "no-warp-specialization"};
+constexpr int kNumAblations = sizeof(kAblations) / sizeof(kAblations[0]);
 char const* pass_name(Pass p) { return p == Pass::kFwd ? "fwd" : p == Pass::kBwd ? "bwd" : "fwd+bwd"; }
 
 struct Config {
@@ -678,12 +683,10 @@ int main(int argc, char** argv) {
   if (opt.ablation) {
     // Three interleaved rounds: the card's clock drifts over a run, and a
     // variant timed only after the others would carry that drift.
-    char const* names[] = {"default", "no-pingpong", "no-intra-wg-overlap", "no-persistent",
-                           "no-warp-specialization"};
-    for (int i = 0; i < 15; ++i) {
-      int const v = i % 5;
+    for (int i = 0; i < 3 * kNumAblations; ++i) {
+      int const v = i % kNumAblations;
       Config c;
-      c.variant = names[v];
+      c.variant = kAblations[v];
       c.batch = 4;
       c.seqlen = 8448;
       c.heads_q = c.heads_kv = 16;
@@ -758,7 +761,7 @@ int main(int argc, char** argv) {
       return v.empty() ? 0.0 : v[v.size() / 2];
     };
     double const base = median_of("default");
-    for (char const* name : {"default", "no-pingpong", "no-intra-wg-overlap", "no-persistent", "no-warp-specialization"}) {
+    for (char const* name : kAblations) {
       double const t = median_of(name);
       std::printf("| %s | %.1f | %.3f |\n", name, t, base > 0 ? t / base : 0.0);
     }

@@ -31,6 +31,10 @@ struct Case {
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
   bool packed_qkv;  // Q, K, V interleaved in one [b, s, 3, h, d] buffer (needs seqlen_q == seqlen_k)
   int64_t batch_gap = 0;  // elements left unused between batches of Q, K, V and O (not packed)
+  // K's row j scaled by 1 + k_growth * (seqlen_k - 1 - j) / seqlen_k (not packed): the
+  // scores grow toward the first keys, which the kernel visits last, so each
+  // row's running max keeps moving, by more and by less than 2^8 per block.
+  float k_growth = 0.f;
 };
 
 std::string name(Case const& c) {
@@ -71,10 +75,14 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
       v(c.packed_qkv ? 0 : span(kv_batch)), o(span(q_batch));
   DeviceBuffer<float> lse(lse_elems), ref_o(q_elems), ref_lse(lse_elems), low_o(q_elems);
   ASSERT_TRUE(o.ptr && lse.ptr && ref_o.ptr && ref_lse.ptr && low_o.ptr);
-  auto upload_random = [&](uint16_t* dst, size_t per_batch, int64_t stride) {
+  auto upload_random = [&](uint16_t* dst, size_t per_batch, int64_t stride, float growth = 0.f) {
     std::vector<uint16_t> host(per_batch);
+    size_t const row = growth == 0.f ? 1 : per_batch / c.seqlen_k;  // with growth: a K row of all heads
     for (int64_t b = 0; b < c.batch; ++b) {
-      for (auto& x : host) x = to_bits(normal(rng), c.dtype);
+      for (size_t i = 0; i < per_batch; ++i) {
+        float const keys_after = growth == 0.f ? 0.f : float(c.seqlen_k - 1 - int64_t(i / row));
+        host[i] = to_bits(normal(rng) * (1.f + growth * keys_after / float(c.seqlen_k)), c.dtype);
+      }
       ASSERT_EQ(cudaMemcpy(dst + b * stride, host.data(), per_batch * 2, cudaMemcpyHostToDevice), cudaSuccess);
     }
   };
@@ -91,7 +99,7 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
   } else {
     ASSERT_TRUE(q.ptr && k.ptr && v.ptr);
     upload_random(q.ptr, q_batch, q_batch + c.batch_gap);
-    upload_random(k.ptr, kv_batch, kv_batch + c.batch_gap);
+    upload_random(k.ptr, kv_batch, kv_batch + c.batch_gap, c.k_growth);
     upload_random(v.ptr, kv_batch, kv_batch + c.batch_gap);
     a.q = {q.ptr, int64_t(q_batch) + c.batch_gap, c.heads_q * d, d, 1};
     a.k = {k.ptr, int64_t(kv_batch) + c.batch_gap, c.heads_kv * d, d, 1};
@@ -180,6 +188,26 @@ TEST(ForwardAblation, SameResultWithEachTechniqueOff) {
       run_case({DType::kBF16, 128, causal, 2, 1000, 1000, 4, 2, false}, 31, options);
       run_case({DType::kBF16, 128, causal, 1, 129, 700, 2, 2, false}, 32, options);
       run_case({DType::kBF16, 128, causal, 4, 2000, 1500, 8, 2, false}, 33, options);
+    }
+  }
+}
+
+TEST(Forward, RowMaxMovingThroughTheSequence) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  // The online softmax's max moves late and often (by more and by less than
+  // 2^8 per block, the lazy row max's threshold for head dims >= 128): a max
+  // that failed to move would overflow P, one that moved wrongly would
+  // mis-scale O or l.
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (int d : {64, 128, 256}) {
+      for (bool causal : {false, true}) {
+        Case c{dtype, d, causal, 2, 1000, 1000, 4, 2, false};
+        c.k_growth = 20.f;
+        run_case(c, 77 + d);
+        c.seqlen_q = 300;
+        c.seqlen_k = 1500;
+        run_case(c, 78 + d);
+      }
     }
   }
 }
