@@ -33,8 +33,8 @@ if has sanitize; then
   dynamic="--seqlen 2048 --tokens 8192 --hidden 512 --hdim 128 --causal 1 --reps 1 --no-check"
   # The backward kernels (preprocess, main, postprocess), GQA so that the
   # per-head dK/dV sum runs too, and deterministic mode's semaphores.
-  bwd="--pass bwd --seqlen 200 --tokens 400 --hidden 256 --hdim 64,128 --gqa 2 --reps 1"
-  bwd_det="--pass bwd --seqlen 300 --tokens 300 --hidden 128 --hdim 128 --causal 1 --deterministic --reps 1"
+  bwd="--pass bwd --seqlen 200 --tokens 400 --hidden 512 --hdim 64,128,256 --gqa 2 --reps 1"
+  bwd_det="--pass bwd --seqlen 300 --tokens 300 --hidden 256 --hdim 128,256 --causal 1 --deterministic --reps 1"
   # FP8: the quantization and the kernel with its V transpose.
   fp8="--dtype e4m3 --seqlen 300 --tokens 600 --hidden 256 --hdim 64,128,256 --hadamard --reps 1"
   # The ablation variant without warp specialization: several tiles per CTA.
@@ -53,7 +53,7 @@ if has bench; then
 fi
 
 if has bwd; then
-  timeout 400 $B/flash3-bench --pass bwd --hdim 64,128 --json "$OUT/bench_bwd.json" >"$OUT/bench_bwd.txt" 2>"$OUT/bench_bwd.err"
+  timeout 400 $B/flash3-bench --pass bwd --hdim 64,128,256 --json "$OUT/bench_bwd.json" >"$OUT/bench_bwd.txt" 2>"$OUT/bench_bwd.err"
   summary+=("bench bwd rc=$?")
   # Deterministic mode's cost, against the default rows above.
   timeout 200 $B/flash3-bench --pass bwd --hdim 128 --seqlen 2048,8192 --deterministic >"$OUT/bench_bwd_det.txt" 2>&1

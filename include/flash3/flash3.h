@@ -156,7 +156,7 @@ struct BackwardArgs {
   int64_t seqlen_k = 0;
   int64_t heads_q = 0;
   int64_t heads_kv = 0;
-  int64_t head_dim = 0;  // 64, 96 or 128
+  int64_t head_dim = 0;  // 64, 96, 128, 192 or 256
 
   // The forward's inputs and output, and the gradient of the output, all in
   // `dtype` and laid out as in ForwardArgs.

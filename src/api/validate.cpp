@@ -95,9 +95,6 @@ Status validate(BackwardArgs const& a) {
       !s.ok()) {
     return s;
   }
-  if (a.head_dim > 128) {
-    return invalid("head_dim: the backward pass supports 64, 96 and 128, got " + std::to_string(a.head_dim));
-  }
   if (a.batch == 0 || (a.seqlen_q == 0 && a.seqlen_k == 0)) return Status();  // no gradient to write
   if (a.seqlen_q > 0) {
     for (auto const& [name, t] : {std::pair{"q", a.q}, std::pair{"o", a.o}, std::pair{"dout", a.dout}}) {

@@ -3,7 +3,8 @@
 //
 //   warpgroup 0, warp 0   producer: setmaxnreg down, TMA loads of K_j, V_j,
 //                         then Q_i, dO_i, LSE_i, D_i for each query block i
-//   warpgroup 0, warp 1   dq_writer: adds each dQ_i to global memory
+//   warpgroup 0, warp 1   dq_writer: adds each dQ_i to global memory (at d = 256
+//                         only in deterministic mode; Mainloop::consumers_add_dq)
 //   warpgroups 1, 2       consumers: setmaxnreg up, the five GEMMs per query
 //                         block, then dK_j and dV_j
 #pragma once
@@ -23,7 +24,8 @@ struct Kernel {
   using MainloopT = Mainloop<Traits>;
   using EpilogueT = Epilogue<Traits>;
   using SharedStorage = typename Traits::SharedStorage;
-  using PipelineQdO = typename Traits::PipelineQdO;
+  using PipelineQ = typename Traits::PipelineQ;
+  using PipelinedO = typename Traits::PipelinedO;
   using PipelinedQ = typename Traits::PipelinedQ;
 
   struct Params {
@@ -56,13 +58,18 @@ struct Kernel {
       EpilogueT::prefetch_descriptors(params.epilogue);
       smem.barrier_kv.init(/*arrive_count=*/1);
     }
-    typename PipelineQdO::Params pipeline_params;
-    pipeline_params.transaction_bytes = MainloopT::kQdOBytes;
-    pipeline_params.role =
-        warp_group == 0 ? PipelineQdO::ThreadCategory::Producer : PipelineQdO::ThreadCategory::Consumer;
-    pipeline_params.is_leader = threadIdx.x == 0;
-    pipeline_params.num_consumers = Traits::kNumConsumerThreads;
-    PipelineQdO pipeline(smem.pipeline_qdo, pipeline_params, Shape<_1, _1, _1>{});
+    typename PipelineQ::Params q_params;
+    q_params.transaction_bytes = MainloopT::kQBytes;
+    q_params.role = warp_group == 0 ? PipelineQ::ThreadCategory::Producer : PipelineQ::ThreadCategory::Consumer;
+    q_params.is_leader = threadIdx.x == 0;
+    q_params.num_consumers = Traits::kNumConsumerThreads;
+    PipelineQ pipeline_q(smem.pipeline_q, q_params, Shape<_1, _1, _1>{});
+    typename PipelinedO::Params do_params;
+    do_params.transaction_bytes = MainloopT::kdOBytes;
+    do_params.role = warp_group == 0 ? PipelinedO::ThreadCategory::Producer : PipelinedO::ThreadCategory::Consumer;
+    do_params.is_leader = threadIdx.x == 0;
+    do_params.num_consumers = Traits::kNumConsumerThreads;
+    PipelinedO pipeline_do(smem.pipeline_do, do_params, Shape<_1, _1, _1>{});
     // dQ_i's buffer: the consumers fill it, the dq_writer empties it.
     typename PipelinedQ::Params dq_params;
     dq_params.role = warp_group == 0 ? PipelinedQ::ThreadCategory::Consumer : PipelinedQ::ThreadCategory::Producer;
@@ -75,8 +82,7 @@ struct Kernel {
       cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
       if (warp_in_group == 0) {
         // Producer (lines 3-4, 6).
-        auto write = cutlass::make_producer_start_state<PipelineQdO>();
-        MainloopT::load(mp, smem, pipeline, write, n_block, head, batch, range, cute::elect_one_sync());
+        MainloopT::load(mp, smem, pipeline_q, pipeline_do, n_block, head, batch, range, cute::elect_one_sync());
       } else if (warp_in_group == 1) {
         MainloopT::write_dq(mp, smem, pipeline_dq, n_block, head, batch, range,
                             threadIdx.x % cutlass::NumThreadsPerWarp);
@@ -90,7 +96,8 @@ struct Kernel {
       Tensor tdVrdV = partition_fragment_C(tiled_mma_dkv, select<0, 1>(typename Traits::TileShapedKV{}));
       clear(tdKrdK);
       clear(tdVrdV);
-      MainloopT::mma(mp, smem, pipeline, pipeline_dq, tdKrdK, tdVrdV, n_block, range, thread_idx);
+      MainloopT::mma(mp, smem, pipeline_q, pipeline_do, pipeline_dq, tdKrdK, tdVrdV, n_block, head, batch, range,
+                     thread_idx);
       EpilogueT::store(params.epilogue, smem, tdKrdK, tdVrdV, n_block, head, batch, thread_idx);
     }
   }

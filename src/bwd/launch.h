@@ -87,12 +87,13 @@ cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout co
     auto const tile_md = Shape<typename Traits::M, typename Traits::D>{};
     auto const tile_nd = Shape<typename Traits::N, typename Traits::D>{};
     mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{}), tile_md, _1{});
-    mp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename Traits::SmemLayoutQ{}), tile_md, _1{});
+    mp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename Traits::SmemLayoutdO{}), tile_md, _1{});
     mp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::SmemLayoutK{}, tile_nd, _1{});
     mp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::SmemLayoutV{}, tile_nd, _1{});
     mp.dq_tiles = int(a.batch * a.heads_q * m_blocks);
     Tensor dq_tensor = make_tensor(make_gmem_ptr(dq_accum),
-                                   make_layout(make_shape(_256{}, Int<Traits::kdQRows>{}, mp.dq_tiles), LayoutLeft{}));
+                                   make_layout(make_shape(_256{}, Int<Traits::kdQRows>{}, mp.dq_tiles * Traits::kdQChunks),
+                                               LayoutLeft{}));
     mp.tma_dq = make_tma_copy(SM90_TMA_REDUCE_ADD{}, dq_tensor, typename Traits::SmemLayoutdQ{},
                               typename Traits::TileShapedQAccum{}, _1{});
     mp.shape_q = q.shape();

@@ -3,14 +3,21 @@
 // five GEMMs.
 //
 // A CTA owns one block of kBlockN keys (K_j, V_j) and walks the query blocks
-// i of kBlockM rows. Each of the two consumer warpgroups owns 64 of the keys:
-//   S^T  = K_j Q_i^T        (N x M)  SS   warpgroups split the keys
-//   dP^T = V_j dO_i^T       (N x M)  SS   "
-//   dV  += P^T dO_i         (N x d)  RS   P^T stays in registers
-//   dK  += dS^T Q_i         (N x d)  RS   dS^T stays in registers
+// i of kBlockM rows, with two consumer warpgroups:
+//   S^T  = K_j Q_i^T        (N x M)  SS
+//   dP^T = V_j dO_i^T       (N x M)  SS
+//   dV  += P^T dO_i         (N x d)
+//   dK  += dS^T Q_i         (N x d)
 //   dQ_i = dS K_j           (M x d)  SS   dS through shared memory; warpgroups split d
 // Computing S and dP transposed puts the keys on the accumulator's rows, so
-// P^T and dS^T are already the A operands of the dV and dK GEMMs.
+// P^T and dS^T are the A operands of the dV and dK GEMMs.
+//
+// Up to head dim 128 the warpgroups split the keys (64 each, N = 128): each
+// holds its keys' rows of P^T and dS^T, and of dK and dV, in registers (RS
+// GEMMs). Above 128, dK and dV (2 x 64 x d fp32 per warpgroup) no longer fit:
+// the block holds 64 keys, the warpgroups split the queries of S^T and dP^T
+// and the head dim of dK and dV, and P^T and dS^T reach the dK/dV GEMMs
+// through shared memory (SS GEMMs).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -29,15 +36,24 @@ struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kCausal = kCausal_;
 
-  // Registers bind the tile: per consumer thread dK and dV hold 64 x d fp32
-  // each (d/2 registers each), S^T and dP^T 64 x M (M/2 each), dQ 64 x d/2
-  // (d/4): 224 of 240 at d = 128.
+  // Registers bind the tile. Keys split: per consumer thread dK and dV hold
+  // 64 x d fp32 each (d/2 registers each), S^T and dP^T 64 x M (M/2 each), dQ
+  // 64 x d/2 (d/4): 224 of 240 at d = 128. Head dim split: dK and dV d/4
+  // each, S^T and dP^T M/4, dQ d/4: 208 at d = 256.
+  static constexpr bool kSplitHeadDim = kHeadDim > 128;
   static constexpr int kBlockM = kBwdBlockM;
-  static constexpr int kBlockN = 128;
-  static constexpr int kStages = 2;
-  static_assert(kHeadDim <= 128, "the dK/dV accumulators of head dims above 128 do not fit in registers");
+  static constexpr int kBlockN = kSplitHeadDim ? 64 : 128;
+  static constexpr int kNumConsumerWarpGroups = 2;
+  // Shared memory (227 KB) holds two stages of Q_i, and of dO_i up to d = 192;
+  // at d = 256 one stage of dO_i (dO_{i+1} loads once dV_i is done, while
+  // dQ_i, dK_i and S_{i+1} run), and dQ_i leaves for the dq_writer in two
+  // halves through one buffer.
+  static constexpr int kStagesQ = 2;
+  static constexpr int kStagesdO = kHeadDim > 192 ? 1 : 2;
+  static constexpr int kdQChunks = kHeadDim > 192 ? 2 : 1;
+  // ... or, unless deterministic, the consumers add it with atomics (Mainloop::consumers_add_dq).
+  static constexpr bool kdQAtomic = kHeadDim > 192;
 
-  static constexpr int kNumConsumerWarpGroups = kBlockN / 64;
   static constexpr int kNumConsumerThreads = kNumConsumerWarpGroups * 128;
   static constexpr int kNumThreads = kNumConsumerThreads + 128;  // + producer warpgroup (producer and dq_writer warps)
   // As in the forward. (32 + 240, exactly the register file, hangs in
@@ -58,23 +74,41 @@ struct BwdTraits {
   using TileShapedKV = Shape<N, D, M>;  // dK, dV:     (keys, d, queries)
   using TileShapedQ = Shape<M, D, N>;   // dQ:         (queries, d, keys)
 
-  using TiledMmaSdP = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, M, D>>(),
-                                              Layout<Shape<Int<kNumConsumerWarpGroups>, _1, _1>>{}));
-  using TiledMmadKV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, D, M>, GMMA::Major::K, GMMA::Major::MN>(),
-      Layout<Shape<Int<kNumConsumerWarpGroups>, _1, _1>>{}));
+  // How the two warpgroups split each GEMM's (M, N) tile.
+  using SplitRows = Layout<Shape<_2, _1, _1>>;
+  using SplitCols = Layout<Shape<_1, _2, _1>>;
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kSplitHeadDim ? kBlockM / 2 : kBlockM>, D>>(),
+      conditional_t<kSplitHeadDim, SplitCols, SplitRows>{}));
+  using TiledMmadKV = conditional_t<
+      kSplitHeadDim,
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, M>,
+                                                   GMMA::Major::K, GMMA::Major::MN>(),
+                              SplitCols{})),
+      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, D, M>, GMMA::Major::K,
+                                                   GMMA::Major::MN>(),
+                              SplitRows{}))>;
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<M, Int<kHeadDim / kNumConsumerWarpGroups>, N>,
-                           GMMA::Major::MN, GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<kNumConsumerWarpGroups>, _1>>{}));
+      GMMA::ss_op_selector<Element, Element, float, Shape<M, Int<kHeadDim / 2>, N>, GMMA::Major::MN,
+                           GMMA::Major::MN>(),
+      SplitCols{}));
 
+  // The part of d one warpgroup's dK/dV GEMM covers: the swizzle atoms of Q,
+  // dO (read through transposed views) and V (dK, dV's epilogue buffer) divide it.
+  using DkvWidth = Int<kSplitHeadDim ? kHeadDim / 2 : kHeadDim>;
   // Q and dO: (M, d, stage), d contiguous; read K-major by the S/dP GEMMs and,
   // through the transposed views, MN-major by the dK/dV GEMMs.
-  using SmemLayoutQ = decltype(tile_to_shape(
-      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, M, D>(),
+  template <int kStages>
+  using SmemLayoutRows = decltype(tile_to_shape(
+      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, M, DkvWidth>(),
       Shape<M, D, Int<kStages>>{}));
-  using SmemLayoutQt = decltype(composition(
-      SmemLayoutQ{}, make_layout(Shape<D, M, Int<kStages>>{}, Stride<M, _1, Int<kBlockM * kHeadDim>>{})));
+  template <int kStages>
+  using SmemLayoutRowsT = decltype(composition(
+      SmemLayoutRows<kStages>{}, make_layout(Shape<D, M, Int<kStages>>{}, Stride<M, _1, Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutQ = SmemLayoutRows<kStagesQ>;
+  using SmemLayoutQt = SmemLayoutRowsT<kStagesQ>;
+  using SmemLayoutdO = SmemLayoutRows<kStagesdO>;
+  using SmemLayoutdOt = SmemLayoutRowsT<kStagesdO>;
   // K: (N, d). Its transposed view is split along d between the warpgroups in
   // the dQ GEMM, so the swizzle atom is chosen to divide d / 2.
   using SmemLayoutK = decltype(tile_to_shape(
@@ -83,35 +117,41 @@ struct BwdTraits {
       Shape<N, D>{}));
   using SmemLayoutKt = decltype(composition(SmemLayoutK{}, make_layout(Shape<D, N>{}, Stride<N, _1>{})));
   using SmemLayoutV = decltype(tile_to_shape(
-      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, N, D>(), Shape<N, D>{}));
-  // dS: (M, N, buffer), M contiguous, the A operand of the dQ GEMM; written
-  // through the (N, M) view from the dS^T accumulators. Two buffers, so one
-  // warpgroup writes block i+1's while the other still reads block i's.
+      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, N, DkvWidth>(), Shape<N, D>{}));
+  // dS (and, with the head dim split, P): (M, N, buffer), M contiguous, the A
+  // operand of the dQ GEMM; written through the (N, M) view from the dS^T
+  // accumulators, which is also the K-major A operand of the dK (dV) GEMM.
+  // Two buffers, so one warpgroup writes block i+1's while the other still
+  // reads block i's.
   using SmemLayoutdS = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::MN, Element, M, N>(), Shape<M, N, _2>{}));
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_layout(Shape<N, M, _2>{}, Stride<M, _1, Int<kBlockM * kBlockN>>{})));
 
   // dQ_i in fp32, in the dQ accumulators' register order (see dq_fragment_offset):
-  // the dq_writer adds it to global memory as one TMA reduce-add of (256, rows).
+  // the dq_writer adds it to global memory with TMA reduce-adds of
+  // (256, rows), one per chunk.
   static constexpr int kdQElements = kBlockM * kHeadDim;
-  static constexpr int kdQRows = kdQElements / 256;
+  static constexpr int kdQRows = kdQElements / 256 / kdQChunks;
   using SmemLayoutdQ = Layout<Shape<_256, Int<kdQRows>>>;
   using TileShapedQAccum = Shape<_256, Int<kdQRows>>;
 
-  using PipelineQdO = cutlass::PipelineTmaAsync<kStages>;  // Q_i, dO_i, LSE_i, D_i together
-  using PipelinedQ = cutlass::PipelineAsync<1>;            // consumers -> dq_writer: dQ_i in shared memory
+  using PipelineQ = cutlass::PipelineTmaAsync<kStagesQ>;    // Q_i and LSE_i
+  using PipelinedO = cutlass::PipelineTmaAsync<kStagesdO>;  // dO_i and D_i
+  using PipelinedQ = cutlass::PipelineAsync<1>;             // consumers -> dq_writer: dQ_i in shared memory
 
   struct SharedStorage {
     cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
-    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cosize_v<SmemLayoutdO>, 1024> dout;
     cute::array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;
-    cute::array_aligned<float, kdQElements, 128> dq;
-    cute::array_aligned<float, kBlockM * kStages, 16> lse_log2;
-    cute::array_aligned<float, kBlockM * kStages, 16> dpsum;
-    typename PipelineQdO::SharedStorage pipeline_qdo;
+    cute::array_aligned<Element, kSplitHeadDim ? cosize_v<SmemLayoutdS> : 0, 1024> p;
+    cute::array_aligned<float, kdQElements / kdQChunks, 128> dq;
+    cute::array_aligned<float, kBlockM * kStagesQ, 16> lse_log2;
+    cute::array_aligned<float, kBlockM * kStagesdO, 16> dpsum;
+    typename PipelineQ::SharedStorage pipeline_q;
+    typename PipelinedO::SharedStorage pipeline_do;
     typename PipelinedQ::SharedStorage pipeline_dq;
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
   };
@@ -120,13 +160,15 @@ struct BwdTraits {
 
 // Named barriers (ids after CUTLASS's reserved ones).
 enum class Barrier : uint32_t {
-  kdSReady = 0,  // consumers: both halves of dS_i are in shared memory
+  kdSReady = 0,   // consumers: both halves of dS_i are in shared memory
   kEpilogue = 1,  // consumers: K's and V's buffers are free / dK and dV are in them
+  kPReady = 2,    // consumers, head dim split: both halves of P_i are in shared memory
 };
 
 // Where register i of consumer thread t puts its dQ value: float4 groups of
 // registers, consecutive threads at consecutive 16 bytes (no bank conflicts).
-// The postprocess reads the global accumulator in the same order.
+// Registers [c, c + 1) x R / kdQChunks are chunk c, a contiguous part of the
+// tile. The postprocess reads the global accumulator in the same order.
 CUTE_HOST_DEVICE constexpr int dq_fragment_offset(int thread, int i, int num_threads) {
   return (i / 4) * num_threads * 4 + thread * 4 + i % 4;
 }
