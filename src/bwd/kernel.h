@@ -44,6 +44,18 @@ struct Kernel {
   static constexpr int kNumThreads = Traits::kNumThreads;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
+  // A TMA pipeline from the producer warpgroup (0) to the consumers.
+  template <class Pipeline>
+  CUTE_DEVICE static Pipeline make_load_pipeline(typename Pipeline::SharedStorage& storage, uint32_t bytes,
+                                                 int warp_group) {
+    typename Pipeline::Params params;
+    params.transaction_bytes = bytes;
+    params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    params.is_leader = threadIdx.x == 0;
+    params.num_consumers = Traits::kNumConsumerThreads;
+    return Pipeline(storage, params, Shape<_1, _1, _1>{});
+  }
+
   CUTE_DEVICE static void run(Params const& params, char* smem_buf) {
     SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
     int const warp_group = cutlass::canonical_warp_group_idx();
@@ -58,18 +70,8 @@ struct Kernel {
       EpilogueT::prefetch_descriptors(params.epilogue);
       smem.barrier_kv.init(/*arrive_count=*/1);
     }
-    typename PipelineQ::Params q_params;
-    q_params.transaction_bytes = MainloopT::kQBytes;
-    q_params.role = warp_group == 0 ? PipelineQ::ThreadCategory::Producer : PipelineQ::ThreadCategory::Consumer;
-    q_params.is_leader = threadIdx.x == 0;
-    q_params.num_consumers = Traits::kNumConsumerThreads;
-    PipelineQ pipeline_q(smem.pipeline_q, q_params, Shape<_1, _1, _1>{});
-    typename PipelinedO::Params do_params;
-    do_params.transaction_bytes = MainloopT::kdOBytes;
-    do_params.role = warp_group == 0 ? PipelinedO::ThreadCategory::Producer : PipelinedO::ThreadCategory::Consumer;
-    do_params.is_leader = threadIdx.x == 0;
-    do_params.num_consumers = Traits::kNumConsumerThreads;
-    PipelinedO pipeline_do(smem.pipeline_do, do_params, Shape<_1, _1, _1>{});
+    auto pipeline_q = make_load_pipeline<PipelineQ>(smem.pipeline_q, MainloopT::kQBytes, warp_group);
+    auto pipeline_do = make_load_pipeline<PipelinedO>(smem.pipeline_do, MainloopT::kdOBytes, warp_group);
     // dQ_i's buffer: the consumers fill it, the dq_writer empties it.
     typename PipelinedQ::Params dq_params;
     dq_params.role = warp_group == 0 ? PipelinedQ::ThreadCategory::Consumer : PipelinedQ::ThreadCategory::Producer;
