@@ -265,6 +265,22 @@ struct Mainloop {
     auto write_dq = cutlass::make_producer_start_state<PipelinedQ>();
     smem.barrier_kv.wait(0);
     int buffer = 0;
+    // P^T or dS^T to its shared-memory buffer, for the GEMMs that need both
+    // warpgroups' halves.
+    auto share = [&](auto const& r, auto const& t_smem, Barrier ready) {
+      copy(r2s, thr_r2s.retile_S(r), t_smem(_, _, _, buffer));
+      cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by WGMMA (async proxy)
+      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(ready));
+    };
+    // The A operand of the dV (dK) GEMM: P^T (dS^T) in registers, or with the
+    // head dim split from shared memory (each warpgroup needs every query's column).
+    auto dkv_operand = [&](auto& r, auto const& s_t) {
+      if constexpr (kSplitHeadDim) {
+        return thr_mma_dkv.partition_fragment_A(s_t)(_, _, _, buffer);
+      } else {
+        return make_tensor(r.data(), accumulator_as_operand_a(r.layout()));
+      }
+    };
     for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
       // Lines 8 and 10: S^T = K Q_i^T and dP^T = V dO_i^T, issued together.
       pipeline_q.consumer_wait(read_q);
@@ -287,19 +303,10 @@ struct Mainloop {
         tSrS(i) = exp2f(fmaf(tSrS(i), p.scale_log2, -lse_log2[get<1>(coords(i))]));
       }
 
-      // Line 12: dV += P^T dO_i, P^T from registers, or with the head dim
-      // split from shared memory (each warpgroup needs every query's column).
+      // Line 12: dV += P^T dO_i.
       Tensor rP = convert_fragment<Element>(tSrS);
-      if constexpr (kSplitHeadDim) {
-        copy(r2s, thr_r2s.retile_S(rP), tPsP(_, _, _, buffer));
-        cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by WGMMA (async proxy)
-        cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kPReady));
-        Tensor tdVrP = thr_mma_dkv.partition_fragment_A(sPt);
-        warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, tdVrP(_, _, _, buffer), tdVrdO(_, _, _, stage_do), tdVrdV);
-      } else {
-        Tensor tdVrP = make_tensor(rP.data(), accumulator_as_operand_a(rP.layout()));
-        warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, tdVrP, tdVrdO(_, _, _, stage_do), tdVrdV);
-      }
+      if constexpr (kSplitHeadDim) share(rP, tPsP, Barrier::kPReady);
+      warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, dkv_operand(rP, sPt), tdVrdO(_, _, _, stage_do), tdVrdV);
 
       // Line 11: dS = P o (dP - D), while dV's GEMM runs.
       warpgroup_wait<1>();
@@ -308,20 +315,12 @@ struct Mainloop {
 
       // dS^T to shared memory for the dQ GEMM, which needs all keys' rows.
       Tensor rdS = convert_fragment<Element>(tdPrdP);
-      copy(r2s, thr_r2s.retile_S(rdS), tdSsdS(_, _, _, buffer));
-      cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kdSReady));
+      share(rdS, tdSsdS, Barrier::kdSReady);
 
       // Line 14: dQ_i = dS K, then line 13: dK += dS^T Q_i.
       Tensor tdQrdQ = partition_fragment_C(tiled_mma_dq, select<0, 1>(typename Traits::TileShapedQ{}));
       warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_dq, tdQrdS(_, _, _, buffer), tdQrK, tdQrdQ);
-      if constexpr (kSplitHeadDim) {
-        Tensor tdKrdS = thr_mma_dkv.partition_fragment_A(sdSt);
-        warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, tdKrdS(_, _, _, buffer), tdKrQ(_, _, _, stage_q), tdKrdK);
-      } else {
-        Tensor tdKrdS = make_tensor(rdS.data(), accumulator_as_operand_a(rdS.layout()));
-        warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, tdKrdS, tdKrQ(_, _, _, stage_q), tdKrdK);
-      }
+      warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, dkv_operand(rdS, sdSt), tdKrQ(_, _, _, stage_q), tdKrdK);
       buffer ^= 1;
 
       // dQ_i out while dK's GEMM runs. A single dO stage is freed now (dV's
