@@ -73,7 +73,8 @@ cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout co
   pre.seqlen_q = int(a.seqlen_q);
   pre.num_heads = int(a.heads_q);
   pre.head_dim = int(a.head_dim);
-  preprocess_kernel<Element><<<unsigned((pre.rows + 7) / 8), 256, 0, stream>>>(pre);
+  constexpr int kRowsPerCta = kPreprocessThreads / kPreprocessThreadsPerRow;
+  preprocess_kernel<Element><<<unsigned((pre.rows + kRowsPerCta - 1) / kRowsPerCta), kPreprocessThreads, 0, stream>>>(pre);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
   if (n_blocks > 0) {

@@ -311,7 +311,10 @@ struct Mainloop {
       // Line 11: dS = P o (dP - D), while dV's GEMM runs.
       warpgroup_wait<1>();
       CUTE_UNROLL
-      for (int i = 0; i < size(tdPrdP); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dpsum[get<1>(coords(i))]);
+      for (int i = 0; i < size(tdPrdP); ++i) {
+        float const p_i = Traits::kdSFromRoundedP ? float(rP(i)) : tSrS(i);
+        tdPrdP(i) = p_i * (tdPrdP(i) - dpsum[get<1>(coords(i))]);
+      }
 
       // dS^T to shared memory for the dQ GEMM, which needs all keys' rows.
       Tensor rdS = convert_fragment<Element>(tdPrdP);

@@ -21,28 +21,40 @@ struct PostprocessParams {
 };
 
 // One CTA per (m_block, head, batch), a thread per dQ GEMM thread: each reads
-// back the values that thread accumulated and knows their (row, column) from
-// the same MMA partition.
+// back the values that thread accumulated (float4s, coalesced) and knows their
+// (row, column) from the same MMA partition. The tile turns row-major in
+// shared memory, so that dQ leaves in 16-byte stores, whole rows at a time.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
     postprocess_dq_kernel(PostprocessParams<typename Traits::Element> const p) {
   using Element = typename Traits::Element;
+  constexpr int kM = Traits::kBlockM, kD = Traits::kHeadDim, kThreads = Traits::kNumConsumerThreads;
+  constexpr int kVec = 16 / sizeof(Element);
+  // Rows 16 bytes apart from a multiple of 128: the 8 rows of one fragment
+  // store fall in different banks.
+  constexpr int kLd = kD + kVec;
+  __shared__ alignas(16) Element tile[kM * kLd];
   int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   int const tid = threadIdx.x;
   Tensor coords = typename Traits::TiledMmadQ{}.get_thread_slice(tid).partition_C(
       make_identity_tensor(select<0, 1>(typename Traits::TileShapedQ{})));
-  int64_t const tile = (int64_t(batch) * p.num_heads + head) * p.m_blocks + m_block;
-  float const* src = p.dq_accum + tile * Traits::kdQElements;
-  Element* dq = p.dq + batch * p.dq_strides[0] + head * p.dq_strides[2];
+  int64_t const t = (int64_t(batch) * p.num_heads + head) * p.m_blocks + m_block;
+  float const* src = p.dq_accum + t * Traits::kdQElements;
   CUTE_UNROLL
   for (int i = 0; i < size(coords); i += 4) {
-    float4 const v = *reinterpret_cast<float4 const*>(src + dq_fragment_offset(tid, i, Traits::kNumConsumerThreads));
+    float4 const v = *reinterpret_cast<float4 const*>(src + dq_fragment_offset(tid, i, kThreads));
     float const vals[4] = {v.x, v.y, v.z, v.w};
     CUTE_UNROLL
     for (int j = 0; j < 4; ++j) {
-      int const row = m_block * Traits::kBlockM + get<0>(coords(i + j));
-      if (row < p.seqlen_q) dq[row * p.dq_strides[1] + get<1>(coords(i + j))] = Element(vals[j] * p.softmax_scale);
+      tile[get<0>(coords(i + j)) * kLd + get<1>(coords(i + j))] = Element(vals[j] * p.softmax_scale);
     }
+  }
+  __syncthreads();
+  int const rows = min(kM, p.seqlen_q - m_block * kM);
+  Element* dq = p.dq + batch * p.dq_strides[0] + int64_t(m_block) * kM * p.dq_strides[1] + head * p.dq_strides[2];
+  for (int c = tid; c < rows * (kD / kVec); c += kThreads) {
+    int const row = c / (kD / kVec), col = c % (kD / kVec) * kVec;
+    *reinterpret_cast<uint4*>(dq + row * p.dq_strides[1] + col) = *reinterpret_cast<uint4 const*>(&tile[row * kLd + col]);
   }
 }
 

@@ -3,7 +3,7 @@
 // the producer copies one block of each with a single bulk copy. Padding rows
 // get D = 0 and LSE = +inf, which makes their P (and so everything they add
 // to dK and dV) zero. It also clears the dQ accumulator, head_dim floats per
-// row (the accumulator's tiles are kBwdBlockM rows of head_dim floats each).
+// row (the accumulator's tiles are bwd_block_m(head_dim) rows of head_dim floats each).
 #pragma once
 
 #include <cmath>
@@ -30,25 +30,43 @@ struct PreprocessParams {
   int head_dim;
 };
 
-// One warp per row.
+// Eight threads per row, each reading 16 bytes of O and of dO per step and
+// clearing the row's accumulator with float4 stores: bandwidth-bound, so
+// every access is a full vector (O and dO are 16-byte aligned, d a multiple
+// of 8: validated).
+constexpr int kPreprocessThreads = 256;
+constexpr int kPreprocessThreadsPerRow = 8;
+
 template <class Element>
-__global__ void __launch_bounds__(256) preprocess_kernel(PreprocessParams<Element> const p) {
-  int64_t const row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  int const lane = threadIdx.x % 32;
-  if (row >= p.rows) return;
+__global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(PreprocessParams<Element> const p) {
+  constexpr int kVec = 16 / sizeof(Element);
+  constexpr int kRowsPerCta = kPreprocessThreads / kPreprocessThreadsPerRow;
+  int64_t const row = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / kPreprocessThreadsPerRow;
+  int const part = threadIdx.x % kPreprocessThreadsPerRow;
+  // Rows past the end stay for the warp's shuffles.
+  bool const valid = row < p.rows;
   int64_t const bh = row / p.padded_rows;
   int const q = int(row % p.padded_rows);
   int const batch = int(bh / p.num_heads), head = int(bh % p.num_heads);
   float d = 0.f;
-  if (q < p.seqlen_q) {
+  if (valid && q < p.seqlen_q) {
     Element const* o = p.o + batch * p.o_strides[0] + q * p.o_strides[1] + head * p.o_strides[2];
     Element const* dout = p.dout + batch * p.do_strides[0] + q * p.do_strides[1] + head * p.do_strides[2];
-    for (int c = lane; c < p.head_dim; c += 32) d += float(o[c]) * float(dout[c]);
+    for (int c = part * kVec; c < p.head_dim; c += kPreprocessThreadsPerRow * kVec) {
+      uint4 const ov = *reinterpret_cast<uint4 const*>(o + c);
+      uint4 const dov = *reinterpret_cast<uint4 const*>(dout + c);
+      Element const* oe = reinterpret_cast<Element const*>(&ov);
+      Element const* de = reinterpret_cast<Element const*>(&dov);
+      for (int e = 0; e < kVec; ++e) d += float(oe[e]) * float(de[e]);
+    }
   }
+  for (int offset = kPreprocessThreadsPerRow / 2; offset > 0; offset /= 2) {
+    d += __shfl_xor_sync(0xffffffffu, d, offset, kPreprocessThreadsPerRow);
+  }
+  if (!valid) return;
   float4* dq = reinterpret_cast<float4*>(p.dq_accum + row * p.head_dim);
-  for (int c = lane; c < p.head_dim / 4; c += 32) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int offset = 16; offset > 0; offset /= 2) d += __shfl_xor_sync(0xffffffffu, d, offset);
-  if (lane == 0) {
+  for (int c = part; c < p.head_dim / 4; c += kPreprocessThreadsPerRow) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (part == 0) {
     p.dpsum[row] = d;
     p.lse_log2[row] = q < p.seqlen_q ? p.lse[bh * p.seqlen_q + q] * float(M_LOG2E) : INFINITY;
   }

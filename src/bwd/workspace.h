@@ -7,8 +7,8 @@
 
 namespace flash3::bwd {
 
-// Query rows per step of the backward mainloop, for every head dim.
-constexpr int kBwdBlockM = 64;
+// Query rows per step of the backward mainloop.
+constexpr int bwd_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 : 64; }
 
 struct WorkspaceLayout {
   // Byte offsets from the workspace's start, each 256-byte aligned.
@@ -25,8 +25,9 @@ struct WorkspaceLayout {
 inline WorkspaceLayout workspace_layout(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                                         int64_t heads_kv, int64_t head_dim, bool deterministic) {
   WorkspaceLayout w;
-  w.m_blocks = (seqlen_q + kBwdBlockM - 1) / kBwdBlockM;
-  int64_t const rows = batch * heads_q * w.m_blocks * kBwdBlockM;
+  int64_t const block_m = bwd_block_m(head_dim);
+  w.m_blocks = (seqlen_q + block_m - 1) / block_m;
+  int64_t const rows = batch * heads_q * w.m_blocks * block_m;
   size_t offset = 0;
   auto take = [&](size_t bytes) {
     size_t const at = offset;
