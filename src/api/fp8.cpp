@@ -7,7 +7,7 @@ namespace flash3 {
 
 Fp8BlockSizes fp8_block_sizes(int64_t head_dim) {
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return {};
-  fwd::TileSize const t = fwd::tile_size(int(head_dim), /*fp8=*/true);
+  fwd::TileSize const t = fwd::tile_size(int(head_dim), /*fp8=*/true, /*causal=*/false);
   return {t.block_m, t.block_n};
 }
 

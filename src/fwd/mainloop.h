@@ -187,19 +187,23 @@ struct Mainloop {
   // Pingpong (§3.1): warpgroup w waits for its turn before issuing GEMMs and
   // passes the turn to the other warpgroup once they are issued, so one
   // warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+  // The turn goes round the warpgroups in order; each barrier joins the
+  // warpgroup that waits and the one that passes.
+  static constexpr int kTurnThreads = 2 * cutlass::NumThreadsPerWarpGroup;
   CUTE_DEVICE static void pingpong_wait_turn(int warp_group) {
     if constexpr (Traits::kPingpong) {
-      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kPingpongWG0) + warp_group);
+      cutlass::arch::NamedBarrier::sync(kTurnThreads, uint32_t(Barrier::kPingpongWG0) + warp_group);
     }
   }
   CUTE_DEVICE static void pingpong_pass_turn(int warp_group) {
     if constexpr (Traits::kPingpong) {
-      cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads, uint32_t(Barrier::kPingpongWG0) + (1 - warp_group));
+      int const next = warp_group + 1 == Traits::kNumConsumerWarpGroups ? 0 : warp_group + 1;
+      cutlass::arch::NamedBarrier::arrive(kTurnThreads, uint32_t(Barrier::kPingpongWG0) + next);
     }
   }
-  // Warpgroup 0 goes first.
+  // Warpgroup 0 goes first: the last one passes it the turn.
   CUTE_DEVICE static void pingpong_start(int warp_group) {
-    if (warp_group == 1) pingpong_pass_turn(warp_group);
+    if (warp_group == Traits::kNumConsumerWarpGroups - 1) pingpong_pass_turn(warp_group);
   }
 
   // O (un-normalised) and the softmax state for one tile. thread_idx counts

@@ -30,7 +30,7 @@ struct FwdTraits {
   // P is re-laid out in registers, and the inputs carry descale factors.
   static constexpr bool kFp8 = sizeof(Element) == 1;
 
-  static constexpr TileSize kTile = tile_size(kHeadDim, kFp8);
+  static constexpr TileSize kTile = tile_size(kHeadDim, kFp8, kCausal);
   // OnlineSoftmax's lazy row max, where skipping O's rescale (d/2 multiplies
   // per thread and key block) pays: +10-16% at head dim 256, up to +5% at
   // 128; at 64 the check measured 3-6% slower (performance record, run 16).
@@ -43,7 +43,7 @@ struct FwdTraits {
   static constexpr int kNumConsumerThreads = kNumConsumerWarpGroups * 128;
   static constexpr int kFirstConsumerThread = kWarpSpecialized ? 128 : 0;  // after the producer warpgroup
   static constexpr int kNumThreads = kFirstConsumerThread + kNumConsumerThreads;
-  static_assert(kNumConsumerWarpGroups == 2, "pingpong pairs two consumer warpgroups");
+  static_assert(kNumConsumerWarpGroups == 2 || kNumConsumerWarpGroups == 3, "pingpong passes turns in a ring of 2 or 3");
   // Without a producer, loads are issued one block ahead, into the stage the
   // previous iteration of Algorithm 2 freed; FP8's V transpose needs the
   // producer's warps.
@@ -53,13 +53,14 @@ struct FwdTraits {
   // three transpose V.
   static constexpr int kNumTransposeThreads = kFp8 ? 3 * cutlass::NumThreadsPerWarp : 0;
   // setmaxnreg: the producer only issues TMA; the consumers hold S, P and O.
-  // 128 x 24 + 256 x 240 is all the CTA has (168 per thread at launch). FP8's
+  // 128 x 24 + 256 x 240 is all the CTA has (168 per thread at launch); with
+  // three consumer warpgroups 128 x 24 + 384 x 160 (128 at launch). FP8's
   // transposers need more (24 spill their pipeline states; 40 hold four
   // squares in flight), which FP8's consumers, holding P in half the
   // registers, can spare.
   static constexpr int kProducerRegisters = kFp8 ? 40 : 24;
-  static constexpr int kConsumerRegisters = kFp8 ? 232 : 240;
-  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 168 * 384);
+  static constexpr int kConsumerRegisters = kNumConsumerWarpGroups == 3 ? 160 : kFp8 ? 232 : 240;
+  static_assert(128 * kProducerRegisters + kNumConsumerThreads * kConsumerRegisters <= 64 * 1024);
 
   // Global Q, K, V, O as (seqlen, head_dim, heads, batch), 64-bit strides.
   using GmemShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;
@@ -153,7 +154,7 @@ enum class Barrier : uint32_t {
   kQueryEmpty = 0,   // consumers -> producer: Q's buffer may be overwritten
   kEpilogue = 1,     // consumers: O is in shared memory / its buffer is free
   kPingpongWG0 = 2,  // consumer warpgroup w waits on kPingpongWG0 + w for its turn to issue GEMMs
-  kTileStart = 4,    // without a producer: consumers past the previous tile / the next tile's index written
+  kTileStart = 5,    // without a producer: consumers past the previous tile / the next tile's index written
 };
 
 }  // namespace flash3::fwd

@@ -392,7 +392,7 @@ cudaError_t quantize_pass(QuantizeArgs const& a, ConstTensor const& in, MutableT
 
 template <bool kBF16, int kHeadDim>
 cudaError_t quantize_all(QuantizeArgs const& a, cudaStream_t stream) {
-  constexpr fwd::TileSize kTile = fwd::tile_size(kHeadDim, /*fp8=*/true);
+  constexpr fwd::TileSize kTile = fwd::tile_size(kHeadDim, /*fp8=*/true, /*causal=*/false);
 
   uint64_t signs[4] = {0, 0, 0, 0};
   if (a.hadamard) {
@@ -459,7 +459,7 @@ Status launch_quantize(QuantizeArgs const& args, Fp8BlockSizes blocks, cudaStrea
     return Status(Status::Code::kInvalidArgument, "head_dim: must be 64, 128 or 256");
   }
   // The kernels' scale blocks are the forward kernel's FP8 tiles, as compiled.
-  fwd::TileSize const tile = fwd::tile_size(int(args.head_dim), /*fp8=*/true);
+  fwd::TileSize const tile = fwd::tile_size(int(args.head_dim), /*fp8=*/true, /*causal=*/false);
   if (blocks.q != tile.block_m || blocks.kv != tile.block_n) {
     return Status(Status::Code::kUnsupported, "head_dim: FP8 scale blocks of " + std::to_string(blocks.q) + "/" +
                                                   std::to_string(blocks.kv) +
