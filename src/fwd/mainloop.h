@@ -197,7 +197,7 @@ struct Mainloop {
   }
   CUTE_DEVICE static void pingpong_pass_turn(int warp_group) {
     if constexpr (Traits::kPingpong) {
-      int const next = warp_group + 1 == Traits::kNumConsumerWarpGroups ? 0 : warp_group + 1;
+      int const next = (warp_group + 1) % Traits::kNumConsumerWarpGroups;
       cutlass::arch::NamedBarrier::arrive(kTurnThreads, uint32_t(Barrier::kPingpongWG0) + next);
     }
   }
