@@ -197,7 +197,9 @@ struct Mainloop {
   }
   CUTE_DEVICE static void pingpong_pass_turn(int warp_group) {
     if constexpr (Traits::kPingpong) {
-      int const next = (warp_group + 1) % Traits::kNumConsumerWarpGroups;
+      // (The pair's form compiles to one instruction; other forms cost hdim
+      // 256 causal a register, spilled in its mainloop.)
+      int const next = Traits::kNumConsumerWarpGroups == 2 ? 1 - warp_group : (warp_group + 1) % 3;
       cutlass::arch::NamedBarrier::arrive(kTurnThreads, uint32_t(Barrier::kPingpongWG0) + next);
     }
   }
