@@ -5,10 +5,12 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/tile_scheduler.h"
 #include "bwd/query_range.h"
+#include "bwd/workspace.h"
 #include "fwd/block_range.h"
 
 namespace {
@@ -93,20 +95,25 @@ BlockRange brute_force(int m_block, int bm, int bn, int sq, int sk, bool causal)
 }
 
 TEST(BlockRange, MatchesBruteForce) {
+  // The forward's tiles: M 128 or 192 (head dim 64), N 64 to 128 (and 80).
   for (bool causal : {false, true}) {
-    for (int bn : {80, 128}) {
-      for (int sq : {1, 7, 128, 200, 513}) {
-        for (int sk : {1, 7, 128, 200, 513, 1000}) {
-          for (int m = 0; m * 128 < sq; ++m) {
-            BlockRange got = flash3::block_range(m, 128, bn, sq, sk, causal);
-            BlockRange want = brute_force(m, 128, bn, sq, sk, causal);
-            ASSERT_EQ(got.n_block_max, want.n_block_max) << causal << " " << bn << " " << sq << " " << sk << " " << m;
-            if (want.n_block_max > 0) {
-              // Every block that holds a masked column must be masked; masking
-              // a few more (clamped below by n_block_max) costs time, not correctness.
-              ASSERT_LE(std::min(got.n_block_mask, got.n_block_max), std::min(want.n_block_mask, want.n_block_max))
-                  << causal << " " << bn << " " << sq << " " << sk << " " << m;
-              ASSERT_GE(got.n_block_mask, want.n_block_mask - 1);
+    for (int bm : {128, 192}) {
+      for (int bn : {64, 80, 96, 128}) {
+        for (int sq : {1, 7, 128, 200, 513}) {
+          for (int sk : {1, 7, 128, 200, 513, 1000}) {
+            for (int m = 0; m * bm < sq; ++m) {
+              std::string const where = std::to_string(causal) + " " + std::to_string(bm) + "x" + std::to_string(bn) +
+                                        " " + std::to_string(sq) + " " + std::to_string(sk) + " " + std::to_string(m);
+              BlockRange got = flash3::block_range(m, bm, bn, sq, sk, causal);
+              BlockRange want = brute_force(m, bm, bn, sq, sk, causal);
+              ASSERT_EQ(got.n_block_max, want.n_block_max) << where;
+              if (want.n_block_max > 0) {
+                // Every block that holds a masked column must be masked; masking
+                // a few more (clamped below by n_block_max) costs time, not correctness.
+                ASSERT_LE(std::min(got.n_block_mask, got.n_block_max), std::min(want.n_block_mask, want.n_block_max))
+                    << where;
+                ASSERT_GE(got.n_block_mask, want.n_block_mask - 1) << where;
+              }
             }
           }
         }
@@ -118,54 +125,71 @@ TEST(BlockRange, MatchesBruteForce) {
 // The backward's query blocks for a key block, against a scan of every
 // (query, key) pair.
 TEST(QueryRange, MatchesBruteForce) {
-  int const bm = 64, bn = 128;
-  for (bool causal : {false, true}) {
-    for (int sq : {1, 7, 64, 200, 513}) {
-      for (int sk : {1, 7, 128, 200, 513, 1000}) {
-        for (int n = 0; n * bn < sk; ++n) {
-          flash3::bwd::QueryRange const got = flash3::bwd::query_range(n, bm, bn, sq, sk, flash3::div_up(sq, bm), causal);
-          int lo = -1, hi = -1, first_unmasked = -1;
-          for (int m = 0; m * bm < sq; ++m) {
-            bool any_visible = false, any_masked = false;
-            for (int i = m * bm; i < std::min(sq, (m + 1) * bm); ++i) {
-              for (int j = n * bn; j < (n + 1) * bn; ++j) {
-                bool const visible = j < sk && (!causal || j <= i + sk - sq);
-                any_visible |= visible;
-                any_masked |= !visible;
+  // The backward's tiles: (64, 128), (128, 128) at head dim 64, (64, 64) above 128.
+  for (auto const [bm, bn] : {std::pair{64, 128}, std::pair{128, 128}, std::pair{64, 64}}) {
+    for (bool causal : {false, true}) {
+      for (int sq : {1, 7, 64, 200, 513}) {
+        for (int sk : {1, 7, 128, 200, 513, 1000}) {
+          for (int n = 0; n * bn < sk; ++n) {
+            int const m_blocks = flash3::div_up(sq, bm);
+            flash3::bwd::QueryRange const got = flash3::bwd::query_range(n, bm, bn, sq, sk, m_blocks, causal);
+            int lo = -1, hi = -1, first_unmasked = -1;
+            for (int m = 0; m * bm < sq; ++m) {
+              bool any_visible = false, any_masked = false;
+              for (int i = m * bm; i < std::min(sq, (m + 1) * bm); ++i) {
+                for (int j = n * bn; j < (n + 1) * bn; ++j) {
+                  bool const visible = j < sk && (!causal || j <= i + sk - sq);
+                  any_visible |= visible;
+                  any_masked |= !visible;
+                }
               }
+              if (any_visible && lo < 0) lo = m;
+              if (any_visible) hi = m + 1;
+              if (any_visible && !any_masked && first_unmasked < 0) first_unmasked = m;
             }
-            if (any_visible && lo < 0) lo = m;
-            if (any_visible) hi = m + 1;
-            if (any_visible && !any_masked && first_unmasked < 0) first_unmasked = m;
-          }
-          std::string const where = std::to_string(causal) + " sq " + std::to_string(sq) + " sk " +
-                                    std::to_string(sk) + " n " + std::to_string(n);
-          for (int m = 0; m * bm < sq; ++m) {
-            // The last key block query block m sees: a visit of (m, n) happens iff n <= it.
-            int const last = flash3::bwd::last_key_block(m, bm, bn, sq, sk, causal);
-            flash3::bwd::QueryRange const r = flash3::bwd::query_range(n, bm, bn, sq, sk, flash3::div_up(sq, bm), causal);
-            ASSERT_EQ(n <= last, m >= r.m_block_min && m < r.m_block_max) << where << " m " << m;
-          }
-          if (lo < 0) {
-            ASSERT_TRUE(got.empty()) << where;
-            continue;
-          }
-          ASSERT_EQ(got.m_block_min, lo) << where;
-          ASSERT_EQ(got.m_block_max, hi) << where;
-          // Blocks below m_block_mask get the causal mask (the last, partial
-          // key block always does); every block with a masked pair must.
-          bool const partial = (n + 1) * bn > sk;
-          if (!partial && first_unmasked >= 0) ASSERT_LE(got.m_block_mask, first_unmasked) << where;
-          for (int m = lo; m < hi && !partial; ++m) {
-            bool masked_pair = false;
-            for (int i = m * bm; i < std::min(sq, (m + 1) * bm); ++i) {
-              for (int j = n * bn; j < (n + 1) * bn; ++j) masked_pair |= causal && j > i + sk - sq;
+            std::string const where = std::to_string(bm) + "x" + std::to_string(bn) + " " + std::to_string(causal) +
+                                      " sq " + std::to_string(sq) + " sk " + std::to_string(sk) + " n " +
+                                      std::to_string(n);
+            for (int m = 0; m * bm < sq; ++m) {
+              // The last key block query block m sees: a visit of (m, n) happens iff n <= it.
+              int const last = flash3::bwd::last_key_block(m, bm, bn, sq, sk, causal);
+              flash3::bwd::QueryRange const r = flash3::bwd::query_range(n, bm, bn, sq, sk, m_blocks, causal);
+              ASSERT_EQ(n <= last, m >= r.m_block_min && m < r.m_block_max) << where << " m " << m;
             }
-            if (masked_pair) ASSERT_LT(m, got.m_block_mask) << where << " m " << m;
+            if (lo < 0) {
+              ASSERT_TRUE(got.empty()) << where;
+              continue;
+            }
+            ASSERT_EQ(got.m_block_min, lo) << where;
+            ASSERT_EQ(got.m_block_max, hi) << where;
+            // Blocks below m_block_mask get the causal mask (the last, partial
+            // key block always does); every block with a masked pair must.
+            bool const partial = (n + 1) * bn > sk;
+            if (!partial && first_unmasked >= 0) ASSERT_LE(got.m_block_mask, first_unmasked) << where;
+            for (int m = lo; m < hi && !partial; ++m) {
+              bool masked_pair = false;
+              for (int i = m * bm; i < std::min(sq, (m + 1) * bm); ++i) {
+                for (int j = n * bn; j < (n + 1) * bn; ++j) masked_pair |= causal && j > i + sk - sq;
+              }
+              if (masked_pair) ASSERT_LT(m, got.m_block_mask) << where << " m " << m;
+            }
           }
         }
       }
     }
+  }
+}
+
+// The backward's query blocks are 128 rows at head dim 64, 64 above; the
+// workspace (dQ accumulator, LSE, D) is padded to whole blocks of that size.
+TEST(BackwardWorkspace, QueryBlocksFollowTheHeadDim) {
+  for (int d : {64, 96, 128, 192, 256}) {
+    int const bm = flash3::bwd::bwd_block_m(d);
+    EXPECT_EQ(bm, d == 64 ? 128 : 64) << d;
+    flash3::bwd::WorkspaceLayout const w = flash3::bwd::workspace_layout(2, 200, 300, 8, 2, d, false);
+    EXPECT_EQ(w.m_blocks, flash3::div_up(200, bm)) << d;
+    // The dQ accumulator holds every padded row's d floats, before LSE and D.
+    EXPECT_GE(w.lse_log2 - w.dq_accum, size_t(2) * 8 * w.m_blocks * bm * d * sizeof(float)) << d;
   }
 }
 

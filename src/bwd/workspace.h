@@ -12,8 +12,8 @@ constexpr int bwd_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 : 64; 
 
 struct WorkspaceLayout {
   // Byte offsets from the workspace's start, each 256-byte aligned.
-  size_t dq_accum = 0;   // float [batch, heads_q, m_blocks, kBwdBlockM * head_dim], tiles in register order
-  size_t lse_log2 = 0;   // float [batch, heads_q, m_blocks * kBwdBlockM]: LSE * log2(e), +inf past seqlen_q
+  size_t dq_accum = 0;   // float [batch, heads_q, m_blocks, block_m * head_dim], tiles in register order
+  size_t lse_log2 = 0;   // float [batch, heads_q, m_blocks * block_m]: LSE * log2(e), +inf past seqlen_q
   size_t dpsum = 0;      // float, same shape: D = rowsum(dO * O), 0 past seqlen_q
   size_t semaphore = 0;  // int [batch, heads_q, m_blocks]: deterministic mode's dQ turn counters
   size_t dk_accum = 0;   // float [batch, heads_q, seqlen_k, head_dim], GQA/MQA only: dK per query head
