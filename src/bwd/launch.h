@@ -74,7 +74,8 @@ cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout co
   pre.num_heads = int(a.heads_q);
   pre.head_dim = int(a.head_dim);
   constexpr int kRowsPerCta = kPreprocessThreads / kPreprocessThreadsPerRow;
-  preprocess_kernel<Element><<<unsigned((pre.rows + kRowsPerCta - 1) / kRowsPerCta), kPreprocessThreads, 0, stream>>>(pre);
+  unsigned const pre_ctas = unsigned((pre.rows + kRowsPerCta - 1) / kRowsPerCta);
+  preprocess_kernel<Element><<<pre_ctas, kPreprocessThreads, 0, stream>>>(pre);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
   if (n_blocks > 0) {

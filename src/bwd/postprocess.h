@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
   Element* dq = p.dq + batch * p.dq_strides[0] + int64_t(m_block) * kM * p.dq_strides[1] + head * p.dq_strides[2];
   for (int c = tid; c < rows * (kD / kVec); c += kThreads) {
     int const row = c / (kD / kVec), col = c % (kD / kVec) * kVec;
-    *reinterpret_cast<uint4*>(dq + row * p.dq_strides[1] + col) = *reinterpret_cast<uint4 const*>(&tile[row * kLd + col]);
+    *reinterpret_cast<uint4*>(dq + row * p.dq_strides[1] + col) =
+        *reinterpret_cast<uint4 const*>(&tile[row * kLd + col]);
   }
 }
 

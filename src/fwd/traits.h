@@ -43,7 +43,8 @@ struct FwdTraits {
   static constexpr int kNumConsumerThreads = kNumConsumerWarpGroups * 128;
   static constexpr int kFirstConsumerThread = kWarpSpecialized ? 128 : 0;  // after the producer warpgroup
   static constexpr int kNumThreads = kFirstConsumerThread + kNumConsumerThreads;
-  static_assert(kNumConsumerWarpGroups == 2 || kNumConsumerWarpGroups == 3, "pingpong passes turns in a ring of 2 or 3");
+  static_assert(kNumConsumerWarpGroups == 2 || kNumConsumerWarpGroups == 3,
+                "pingpong passes the turn round a ring of 2 or 3 warpgroups");
   // Without a producer, loads are issued one block ahead, into the stage the
   // previous iteration of Algorithm 2 freed; FP8's V transpose needs the
   // producer's warps.
