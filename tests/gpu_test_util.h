@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "flash3/flash3.h"
@@ -28,6 +30,14 @@ namespace flash3::testing {
   } while (0)
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+// The (dtype, head dim, causal) shape sweeps: their parameters, and test
+// names such as bf16_d128_causal.
+using SweepParam = std::tuple<DType, int, bool>;
+inline std::string sweep_name(::testing::TestParamInfo<SweepParam> const& info) {
+  return std::string(std::get<0>(info.param) == DType::kBF16 ? "bf16" : "fp16") + "_d" +
+         std::to_string(std::get<1>(info.param)) + (std::get<2>(info.param) ? "_causal" : "");
+}
 
 template <class T>
 struct DeviceBuffer {

@@ -25,6 +25,8 @@ namespace {
 using flash3::DType;
 using flash3::reference::AttentionShape;
 using flash3::testing::DeviceBuffer;
+using flash3::testing::sweep_name;
+using flash3::testing::SweepParam;
 using flash3::testing::from_bits;
 using flash3::testing::to_bits;
 
@@ -217,7 +219,7 @@ void run_case(Case const& c, uint32_t seed) {
   bc.check(run);
 }
 
-class Backward : public ::testing::TestWithParam<std::tuple<DType, int, bool>> {};
+class Backward : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(Backward, ShapeSweep) {
   SKIP_WITHOUT_CUDA_DEVICE();
@@ -237,11 +239,7 @@ TEST_P(Backward, ShapeSweep) {
 INSTANTIATE_TEST_SUITE_P(All, Backward,
                          ::testing::Combine(::testing::Values(DType::kBF16, DType::kFP16),
                                             ::testing::Values(64, 96, 128, 192, 256), ::testing::Bool()),
-                         [](auto const& info) {
-                           return std::string(std::get<0>(info.param) == DType::kBF16 ? "bf16" : "fp16") + "_d" +
-                                  std::to_string(std::get<1>(info.param)) +
-                                  (std::get<2>(info.param) ? "_causal" : "");
-                         });
+                         sweep_name);
 
 // Head dim 256 adds its dQ in two chunks in this mode (with atomics otherwise).
 TEST(BackwardDeterministic, BitwiseEqualRuns) {

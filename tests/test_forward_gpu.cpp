@@ -21,6 +21,8 @@ namespace {
 using flash3::DType;
 using flash3::reference::AttentionShape;
 using flash3::testing::DeviceBuffer;
+using flash3::testing::sweep_name;
+using flash3::testing::SweepParam;
 using flash3::testing::from_bits;
 using flash3::testing::to_bits;
 
@@ -135,7 +137,7 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
   flash3::testing::expect_forward_close(h_o, c.dtype, h_ref, h_low, h_lse, h_ref_lse, [](size_t) { return 0.0; });
 }
 
-class Forward : public ::testing::TestWithParam<std::tuple<DType, int, bool>> {};
+class Forward : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(Forward, ShapeSweep) {
   SKIP_WITHOUT_CUDA_DEVICE();
@@ -155,11 +157,7 @@ TEST_P(Forward, ShapeSweep) {
 INSTANTIATE_TEST_SUITE_P(All, Forward,
                          ::testing::Combine(::testing::Values(DType::kBF16, DType::kFP16),
                                             ::testing::Values(64, 96, 128, 192, 256), ::testing::Bool()),
-                         [](auto const& info) {
-                           return std::string(std::get<0>(info.param) == DType::kBF16 ? "bf16" : "fp16") + "_d" +
-                                  std::to_string(std::get<1>(info.param)) +
-                                  (std::get<2>(info.param) ? "_causal" : "");
-                         });
+                         sweep_name);
 
 TEST(ForwardAblation, SameResultWithEachTechniqueOff) {
   SKIP_WITHOUT_CUDA_DEVICE();
