@@ -69,7 +69,7 @@ TensorRef<Pointer> contiguous(Pointer data, int64_t seqlen, int64_t heads, int64
 // warp_specialization); other combinations return kUnsupported. persistent
 // works everywhere.
 struct KernelOptions {
-  bool pingpong = true;            // §3.1: named barriers order the two consumer warpgroups' GEMMs
+  bool pingpong = true;            // §3.1: named barriers order the consumer warpgroups' GEMMs (they take turns)
   bool intra_warpgroup_overlap = true;  // §3.2, Algorithm 2: softmax of block j overlaps QK^T of block j+1
   bool persistent = true;          // one CTA per SM, tiles handed out by the scheduler
   bool warp_specialization = true;  // Algorithm 1: a producer warpgroup loads while the consumers compute
