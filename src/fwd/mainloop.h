@@ -199,7 +199,8 @@ struct Mainloop {
     if constexpr (Traits::kPingpong) {
       // (The pair's form compiles to one instruction; other forms cost hdim
       // 256 causal a register, spilled in its mainloop.)
-      int const next = Traits::kNumConsumerWarpGroups == 2 ? 1 - warp_group : (warp_group + 1) % 3;
+      constexpr int kRing = Traits::kNumConsumerWarpGroups;
+      int const next = kRing == 2 ? 1 - warp_group : (warp_group + 1) % kRing;
       cutlass::arch::NamedBarrier::arrive(kTurnThreads, uint32_t(Barrier::kPingpongWG0) + next);
     }
   }
