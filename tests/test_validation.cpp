@@ -118,8 +118,9 @@ TEST(Validation, Fp8BlocksAndScaleCounts) {
   using flash3::ScaleGranularity;
   for (int d : {64, 128, 256}) {
     flash3::Fp8BlockSizes const b = flash3::fp8_block_sizes(d);
-    EXPECT_EQ(b.q, 128) << d;
-    EXPECT_TRUE(b.kv == 64 || b.kv == 128) << d;
+    // The kernels' tiles (fwd/tile_size.h).
+    EXPECT_EQ(b.q, d == 64 ? 192 : 128) << d;
+    EXPECT_EQ(b.kv, d == 128 ? 192 : d == 64 ? 128 : 64) << d;
   }
   EXPECT_EQ(flash3::fp8_block_sizes(96).q, 0);
   EXPECT_EQ(flash3::fp8_scale_count(ScaleGranularity::kPerTensor, 3, 4, 1000, 128), 1);

@@ -25,6 +25,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "bwd/workspace.h"
+#include "common/registers.h"
 
 namespace flash3::bwd {
 
@@ -63,10 +64,10 @@ struct BwdTraits {
 
   static constexpr int kNumConsumerThreads = kNumConsumerWarpGroups * 128;
   static constexpr int kNumThreads = kNumConsumerThreads + 128;  // + producer warpgroup (producer and dq_writer warps)
-  // As in the forward. (32 + 240, exactly the register file, hangs in
-  // setmaxnreg: the consumers' increase never gets its registers.)
+  // As in the forward.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
+  static_assert(fits_launch_registers(kNumThreads, 128, kProducerRegisters, kConsumerRegisters));
 
   // Global Q, K, V, O, dO as (seqlen, head_dim, heads, batch), 64-bit strides.
   using GmemShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;

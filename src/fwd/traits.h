@@ -7,6 +7,7 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "common/registers.h"
 #include "fwd/tile_size.h"
 
 namespace flash3::fwd {
@@ -54,14 +55,13 @@ struct FwdTraits {
   // three transpose V.
   static constexpr int kNumTransposeThreads = kFp8 ? 3 * cutlass::NumThreadsPerWarp : 0;
   // setmaxnreg: the producer only issues TMA; the consumers hold S, P and O.
-  // 128 x 24 + 256 x 240 is all the CTA has (168 per thread at launch); with
-  // three consumer warpgroups 128 x 24 + 384 x 160 (128 at launch). FP8's
-  // transposers need more (24 spill their pipeline states; 40 hold four
-  // squares in flight), which FP8's consumers, holding P in half the
-  // registers, can spare.
-  static constexpr int kProducerRegisters = kFp8 ? 40 : 24;
+  // 128 x 24 + 256 x 240 and 128 x 24 + 384 x 160 fit what the CTA has.
+  // FP8's transposers need more (24 spill their pipeline states; 40 hold four
+  // squares in flight; 32 with three consumer warpgroups), which FP8's
+  // consumers, holding P in half the registers, can spare.
+  static constexpr int kProducerRegisters = !kFp8 ? 24 : kNumConsumerWarpGroups == 3 ? 32 : 40;
   static constexpr int kConsumerRegisters = kNumConsumerWarpGroups == 3 ? 160 : kFp8 ? 232 : 240;
-  static_assert(128 * kProducerRegisters + kNumConsumerThreads * kConsumerRegisters <= 64 * 1024);
+  static_assert(!kWarpSpecialized || fits_launch_registers(kNumThreads, 128, kProducerRegisters, kConsumerRegisters));
 
   // Global Q, K, V, O as (seqlen, head_dim, heads, batch), 64-bit strides.
   using GmemShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;

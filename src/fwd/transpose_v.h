@@ -82,20 +82,24 @@ struct TransposeV {
   }
   static constexpr uint32_t kSharedV = shared_bits(unit_v, lane_v);
   static constexpr uint32_t kSharedVt = shared_bits(unit_vt, lane_vt);
-  static constexpr bool separable() {
-    for (int u = 0; u < kUnits; ++u) {
-      for (int l = 0; l < cutlass::NumThreadsPerWarp; ++l) {
-        int const k = 32 * (u % kKeyRegions), d = 16 * (u / kKeyRegions);
-        if (uint32_t(LayoutV{}(make_coord(k + l, d))) != (unit_v(u) ^ lane_v(l))) return false;
-        if (uint32_t(LayoutVt{}(make_coord(d + 2 * (l % 8) + (l / 8) % 2, k + 16 * (l / 16)))) !=
-            (unit_vt(u) ^ lane_vt(l))) {
-          return false;
-        }
+  static constexpr bool separable(int u) {
+    for (int l = 0; l < cutlass::NumThreadsPerWarp; ++l) {
+      int const k = 32 * (u % kKeyRegions), d = 16 * (u / kKeyRegions);
+      if (uint32_t(LayoutV{}(make_coord(k + l, d))) != (unit_v(u) ^ lane_v(l))) return false;
+      if (uint32_t(LayoutVt{}(make_coord(d + 2 * (l % 8) + (l / 8) % 2, k + 16 * (l / 16)))) !=
+          (unit_vt(u) ^ lane_vt(l))) {
+        return false;
       }
     }
     return true;
   }
-  static_assert(separable(), "a unit's and a lane's offsets must combine by XOR");
+  // One constant evaluation per unit (a template argument each): the whole
+  // check at once passes the compiler's constexpr budget for large tiles.
+  template <int... kUnit>
+  static constexpr bool separable(std::integer_sequence<int, kUnit...>) {
+    return (std::bool_constant<separable(kUnit)>::value && ...);
+  }
+  static_assert(separable(std::make_integer_sequence<int, kUnits>{}), "a unit's and a lane's offsets must combine by XOR");
 
   // v, vt: one stage of V as loaded and of V^T as the GEMM reads it. The
   // warp index picks one of kWarps unrolled copies, so each unit's part is

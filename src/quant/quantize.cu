@@ -13,9 +13,10 @@
 // over the warp (shuffles), then the CTA (shared memory).
 //
 // kPerBlock (Pass::kFused): one pass. A scale block of R rows is one CTA, or
-// a cluster of R / kCtaRows CTAs (head dim 256, R = 128) that exchange their
-// amax through distributed shared memory, so that no CTA holds more than 64
-// float32 values per thread. The CTA then writes e4m3 and the scale.
+// a cluster of two CTAs of R / 2 rows (head dim 256, R = 128; head dim 128,
+// R = 192) that exchange their amax through distributed shared memory, so
+// that no CTA holds more than 64 float32 values per thread. The CTA then
+// writes e4m3 and the scale.
 // kPerTensor / kPerHead: the scales are zeroed (cudaMemsetAsync), Pass::kAmax
 // folds each CTA's amax into its scale slot with an atomicMax on the bits of
 // (amax | sign bit) (order-preserving on non-negative floats, and marked as
@@ -66,11 +67,12 @@ struct TensorParams {
   uint64_t signs[4];       // bit i % 64 of signs[i / 64]: column i is negated (with kHadamard)
 };
 
-// Rows a CTA owns: the scale block, or for head dim 256 the part of it that
-// kMaxThreads threads hold.
+// Rows a CTA owns: the scale block, or when kMaxThreads threads cannot hold
+// it (head dim 256; head dim 128 with blocks over 128 rows), an equal part of
+// it.
 constexpr int cta_rows(int head_dim, int block_rows) {
-  return block_rows < kMaxThreads * kRowsPerThread * kVec / head_dim ? block_rows
-                                                                     : kMaxThreads * kRowsPerThread * kVec / head_dim;
+  int const most = kMaxThreads * kRowsPerThread * kVec / head_dim;
+  return block_rows / ((block_rows + most - 1) / most);
 }
 
 // The float32 of a bf16 placed in the high half of `bits`, a subnormal
