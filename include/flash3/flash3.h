@@ -77,7 +77,7 @@ struct KernelOptions {
 
 // FP8 inputs carry float32 descale factors: a stored value x stands for
 // x * scale. One scale per tensor, per (batch, head), or per block of rows,
-// the blocks being the kernel's tiles (fp8_block_sizes), so that the kernel
+// each block whole tiles of the kernel (fp8_block_sizes), so that the kernel
 // applies them at no extra pass. Scales must be positive and finite (they
 // live in device memory, so validate() cannot check them); quantize_fp8
 // writes such scales.

@@ -1,5 +1,5 @@
-// FP8 scale blocks: the forward kernel's tiles, so that per-block scales
-// apply at no extra pass.
+// FP8 scale blocks: made of the forward kernel's tiles, so that per-block
+// scales apply at no extra pass.
 #include "flash3/flash3.h"
 #include "fwd/tile_size.h"
 
@@ -7,8 +7,8 @@ namespace flash3 {
 
 Fp8BlockSizes fp8_block_sizes(int64_t head_dim) {
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return {};
-  fwd::TileSize const t = fwd::tile_size(int(head_dim), /*fp8=*/true, /*causal=*/false);
-  return {t.block_m, t.block_n};
+  fwd::Fp8ScaleBlocks const b = fwd::fp8_scale_blocks(int(head_dim));
+  return {b.q, b.kv};
 }
 
 int64_t fp8_scale_count(ScaleGranularity granularity, int64_t batch, int64_t heads, int64_t seqlen, int64_t block) {

@@ -27,11 +27,12 @@ Status validate(QuantizeArgs const& a) {
     case ScaleGranularity::kPerTensor: case ScaleGranularity::kPerHead: case ScaleGranularity::kPerBlock: break;
     default: return invalid("granularity: must be kPerTensor, kPerHead or kPerBlock");
   }
-  // A launch has at most batch * heads * (ceil(seqlen / kMinTileRows) + 1)
-  // CTAs (quant/quantize.h): below 2^31. (batch * heads < 2^62: no overflow.)
+  // A launch has at most batch * heads * (ceil(seqlen / kMinTileRows) +
+  // kMaxCluster - 1) CTAs (quant/quantize.h): below 2^31. (batch * heads <
+  // 2^62: no overflow.)
   for (auto const& [seqlen, heads, what] : {std::tuple{a.seqlen_q, a.heads_q, "batch * heads_q * seqlen_q"},
                                             std::tuple{a.seqlen_k, a.heads_kv, "batch * heads_kv * seqlen_k"}}) {
-    int64_t const tiles = (seqlen + quant::kMinTileRows - 1) / quant::kMinTileRows + 1;
+    int64_t const tiles = (seqlen + quant::kMinTileRows - 1) / quant::kMinTileRows + quant::kMaxCluster - 1;
     if (a.batch > 0 && seqlen > 0 && tiles > kMaxExtent / (a.batch * heads)) {
       return invalid(std::string("batch: ") + what + " / " + std::to_string(quant::kMinTileRows) +
                      " must be below 2^31");

@@ -21,13 +21,13 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   using KernelT = Kernel<Traits>;
   typename KernelT::Params params;
   float const scale = a.softmax_scale != 0.f ? a.softmax_scale : 1.f / std::sqrt(float(a.head_dim));
-  // FP8's descale factors; per-block ones are laid out by the kernel's tiles.
+  // FP8's descale factors; per-block ones are laid out by the scale blocks.
   ScaleView q_scale, k_scale, v_scale;
   if constexpr (Traits::kFp8) {
     ScaleGranularity const g = a.fp8.granularity;
     q_scale = make_scale_view(a.fp8.q, g, a.heads_q, a.seqlen_q, Traits::kBlockM);
-    k_scale = make_scale_view(a.fp8.k, g, a.heads_kv, a.seqlen_k, Traits::kBlockN);
-    v_scale = make_scale_view(a.fp8.v, g, a.heads_kv, a.seqlen_k, Traits::kBlockN);
+    k_scale = make_scale_view(a.fp8.k, g, a.heads_kv, a.seqlen_k, Traits::kScaleBlockN);
+    v_scale = make_scale_view(a.fp8.v, g, a.heads_kv, a.seqlen_k, Traits::kScaleBlockN);
   }
   params.mainloop = KernelT::MainloopT::make_params(
       gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch), gmem_tensor<Traits>(a.k, a.seqlen_k, a.heads_kv, a.batch),

@@ -10,9 +10,10 @@
 //    reads P in k-steps of 32, so N stays a multiple of 32.
 //  - shared memory holds Q (M x d), kStages of K and V (N x d each) and O
 //    (M x d, aliasing Q when the sum would pass 227 KB).
-// docs/design.md records the measurements behind them. FP8's block N does
-// not depend on the mask, since per-block scales are laid out by it.
+// docs/design.md records the measurements behind them.
 #pragma once
+
+#include <numeric>
 
 namespace flash3::fwd {
 
@@ -28,12 +29,13 @@ constexpr TileSize tile_size(int head_dim, bool fp8, bool causal) {
     // causal +17% at 8k-16k), and a third stage that gives V's transpose room
     // to run ahead of the PV GEMMs. Head dim 128: 192 keys a block halve the
     // per-block work of softmax and barriers against 128 (+8-11% at 8k-16k;
-    // 224 spills). Head dim 256: block N 128 spills, and a third stage of 64
-    // measured 3-7% slower.
+    // 224 spills). Head dim 256: 96 keys without the mask (+7-10% at 8k-16k);
+    // the causal kernel, holding the mask's state too, spills at 96 and keeps
+    // 64; 128 spills, and a third stage of 64 measured 3-7% slower.
     switch (head_dim) {
       case 64: return {192, 128, 3};
       case 128: return {128, 192, 2};
-      default: return {128, 64, 2};  // 256
+      default: return {128, causal ? 64 : 96, 2};  // 256
     }
   }
   switch (head_dim) {
@@ -47,6 +49,19 @@ constexpr TileSize tile_size(int head_dim, bool fp8, bool causal) {
     case 192: return {128, 96, 2};
     default: return {128, 64, 2};  // 256
   }
+}
+
+// FP8's per-block scales (fp8_block_sizes): Q's rows per scale are block M,
+// the same for both masks; a K/V scale block holds whole key blocks of both
+// masks' kernels (head dim 256: 192 rows, three blocks of 64 or two of 96).
+struct Fp8ScaleBlocks {
+  int q;
+  int kv;
+};
+
+constexpr Fp8ScaleBlocks fp8_scale_blocks(int head_dim) {
+  TileSize const plain = tile_size(head_dim, true, false), causal = tile_size(head_dim, true, true);
+  return {plain.block_m == causal.block_m ? plain.block_m : 0, std::lcm(plain.block_n, causal.block_n)};
 }
 
 }  // namespace flash3::fwd

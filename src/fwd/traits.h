@@ -32,6 +32,10 @@ struct FwdTraits {
   static constexpr bool kFp8 = sizeof(Element) == 1;
 
   static constexpr TileSize kTile = tile_size(kHeadDim, kFp8, kCausal);
+  // FP8's per-block scales: Q's block is block M; a K/V scale block holds
+  // kScaleBlockN / kBlockN key blocks.
+  static constexpr int kScaleBlockN = kFp8 ? fp8_scale_blocks(kHeadDim).kv : kTile.block_n;
+  static_assert(!kFp8 || (fp8_scale_blocks(kHeadDim).q == kTile.block_m && kScaleBlockN % kTile.block_n == 0));
   // OnlineSoftmax's lazy row max, where skipping O's rescale (d/2 multiplies
   // per thread and key block) pays: +10-16% at head dim 256, up to +5% at
   // 128; at 64 the check measured 3-6% slower (performance record, run 16).
@@ -146,6 +150,7 @@ struct FwdTraits {
     typename PipelineTile::SharedStorage pipeline_tile;
     cutlass::arch::ClusterTransactionBarrier barrier_q;
     int tile_index;  // the one slot of pipeline_tile
+    std::conditional_t<kFp8, float, None> q_descale;  // FP8: Q's descale, published with Q by barrier_q
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit, "tile sizes overflow shared memory");
 };

@@ -13,9 +13,10 @@
 // over the warp (shuffles), then the CTA (shared memory).
 //
 // kPerBlock (Pass::kFused): one pass. A scale block of R rows is one CTA, or
-// a cluster of two CTAs of R / 2 rows (head dim 256, R = 128; head dim 128,
-// R = 192) that exchange their amax through distributed shared memory, so
-// that no CTA holds more than 64 float32 values per thread. The CTA then
+// a cluster of CTAs of equal parts (head dim 256, R = 192: three of 64 rows;
+// head dim 128, R = 192: two of 96) that exchange their amax through
+// distributed shared memory, so that no CTA holds more than 64 float32 values
+// per thread. The CTA then
 // writes e4m3 and the scale.
 // kPerTensor / kPerHead: the scales are zeroed (cudaMemsetAsync), Pass::kAmax
 // folds each CTA's amax into its scale slot with an atomicMax on the bits of
@@ -68,8 +69,8 @@ struct TensorParams {
 };
 
 // Rows a CTA owns: the scale block, or when kMaxThreads threads cannot hold
-// it (head dim 256; head dim 128 with blocks over 128 rows), an equal part of
-// it.
+// it (over 64 rows at head dim 256, over 128 at head dim 128), an equal part
+// of it.
 constexpr int cta_rows(int head_dim, int block_rows) {
   int const most = kMaxThreads * kRowsPerThread * kVec / head_dim;
   return block_rows / ((block_rows + most - 1) / most);
@@ -138,8 +139,8 @@ struct Config {
   static_assert(kCtaRows % kRowsPerThread == 0 && kThreads % 32 == 0 && kThreads <= kMaxThreads);
   static_assert(kCtaRows >= kMinTileRows, "validate() bounds the grid with kMinTileRows");
   // quant/quantize.h's bound on the CTAs of a launch (validate() relies on it)
-  // holds for clusters of at most 2 CTAs.
-  static_assert(kCluster >= 1 && kCluster <= 2 && (kCluster == 1 || kPass == Pass::kFused));
+  // holds for clusters of at most kMaxCluster CTAs.
+  static_assert(kCluster >= 1 && kCluster <= kMaxCluster && (kCluster == 1 || kPass == Pass::kFused));
 };
 
 // The 16 values of row e: raw 16-bit words (sign flips already applied) to float32.
@@ -394,7 +395,7 @@ cudaError_t quantize_pass(QuantizeArgs const& a, ConstTensor const& in, MutableT
 
 template <bool kBF16, int kHeadDim>
 cudaError_t quantize_all(QuantizeArgs const& a, cudaStream_t stream) {
-  constexpr fwd::TileSize kTile = fwd::tile_size(kHeadDim, /*fp8=*/true, /*causal=*/false);
+  constexpr fwd::Fp8ScaleBlocks kBlocks = fwd::fp8_scale_blocks(kHeadDim);
 
   uint64_t signs[4] = {0, 0, 0, 0};
   if (a.hadamard) {
@@ -416,9 +417,9 @@ cudaError_t quantize_all(QuantizeArgs const& a, cudaStream_t stream) {
   if (a.granularity == ScaleGranularity::kPerBlock) {
     for (Job const& j : jobs) {
       if (j.seqlen == 0) continue;
-      err = j.query ? quantize_per_block<kBF16, kHeadDim, kTile.block_m>(a, j.in, j.out, j.scale, j.seqlen, j.heads,
+      err = j.query ? quantize_per_block<kBF16, kHeadDim, kBlocks.q>(a, j.in, j.out, j.scale, j.seqlen, j.heads,
                                                                         j.hadamard, signs, stream)
-                    : quantize_per_block<kBF16, kHeadDim, kTile.block_n>(a, j.in, j.out, j.scale, j.seqlen, j.heads,
+                    : quantize_per_block<kBF16, kHeadDim, kBlocks.kv>(a, j.in, j.out, j.scale, j.seqlen, j.heads,
                                                                         j.hadamard, signs, stream);
       if (err != cudaSuccess) return err;
     }
@@ -460,9 +461,9 @@ Status launch_quantize(QuantizeArgs const& args, Fp8BlockSizes blocks, cudaStrea
   if (args.head_dim != 64 && args.head_dim != 128 && args.head_dim != 256) {
     return Status(Status::Code::kInvalidArgument, "head_dim: must be 64, 128 or 256");
   }
-  // The kernels' scale blocks are the forward kernel's FP8 tiles, as compiled.
-  fwd::TileSize const tile = fwd::tile_size(int(args.head_dim), /*fp8=*/true, /*causal=*/false);
-  if (blocks.q != tile.block_m || blocks.kv != tile.block_n) {
+  // The kernels' scale blocks, as compiled.
+  fwd::Fp8ScaleBlocks const compiled = fwd::fp8_scale_blocks(int(args.head_dim));
+  if (blocks.q != compiled.q || blocks.kv != compiled.kv) {
     return Status(Status::Code::kUnsupported, "head_dim: FP8 scale blocks of " + std::to_string(blocks.q) + "/" +
                                                   std::to_string(blocks.kv) +
                                                   " rows are not those the quantization kernels were built for");

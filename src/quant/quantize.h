@@ -10,11 +10,13 @@
 
 namespace flash3::quant {
 
-// The fewest rows a CTA of the kernels handles. A launch over one tensor has
-// at most batch * heads * (ceil(seqlen / kMinTileRows) + 1) CTAs (the + 1: a
-// scale block of two CTAs of kMinTileRows rows may have an empty second
-// half), which validate() keeps below 2^31 (the grid's x limit).
+// The fewest rows a CTA of the kernels handles, and the most CTAs of one
+// scale block (a cluster). A launch over one tensor has at most
+// batch * heads * (ceil(seqlen / kMinTileRows) + kMaxCluster - 1) CTAs (a
+// last scale block of kMaxCluster CTAs may have all but its first empty),
+// which validate() keeps below 2^31 (the grid's x limit).
 constexpr int64_t kMinTileRows = 64;
+constexpr int kMaxCluster = 3;
 
 // Enqueues the quantization of every non-empty tensor of `args` (validated, on
 // an sm_90 device) on `stream`: for kPerBlock one fused kernel per tensor; for
