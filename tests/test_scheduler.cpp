@@ -1,4 +1,6 @@
-// The tile scheduler and the key-block ranges, checked on the CPU.
+// The kernels' host-side arithmetic, checked on the CPU: the tile scheduler,
+// the key- and query-block ranges, the backward's workspace, the register
+// splits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,10 +10,12 @@
 #include <utility>
 #include <vector>
 
+#include "common/registers.h"
 #include "common/tile_scheduler.h"
 #include "bwd/query_range.h"
 #include "bwd/workspace.h"
 #include "fwd/block_range.h"
+#include "fwd/tile_size.h"
 
 namespace {
 
@@ -94,26 +98,38 @@ BlockRange brute_force(int m_block, int bm, int bn, int sq, int sk, bool causal)
   return {0, n_max, n_mask};
 }
 
+// Every forward tile (block M, block N) the kernels are built with.
+std::set<std::pair<int, int>> forward_tiles() {
+  std::set<std::pair<int, int>> tiles;
+  for (bool fp8 : {false, true}) {
+    for (int d : {64, 96, 128, 192, 256}) {
+      if (fp8 && (d == 96 || d == 192)) continue;
+      for (bool causal : {false, true}) {
+        flash3::fwd::TileSize const t = flash3::fwd::tile_size(d, fp8, causal);
+        tiles.insert({t.block_m, t.block_n});
+      }
+    }
+  }
+  return tiles;
+}
+
 TEST(BlockRange, MatchesBruteForce) {
-  // The forward's tiles: M 128 or 192 (head dim 64), N 64 to 128 (and 80).
   for (bool causal : {false, true}) {
-    for (int bm : {128, 192}) {
-      for (int bn : {64, 80, 96, 128}) {
-        for (int sq : {1, 7, 128, 200, 513}) {
-          for (int sk : {1, 7, 128, 200, 513, 1000}) {
-            for (int m = 0; m * bm < sq; ++m) {
-              std::string const where = std::to_string(causal) + " " + std::to_string(bm) + "x" + std::to_string(bn) +
-                                        " " + std::to_string(sq) + " " + std::to_string(sk) + " " + std::to_string(m);
-              BlockRange got = flash3::block_range(m, bm, bn, sq, sk, causal);
-              BlockRange want = brute_force(m, bm, bn, sq, sk, causal);
-              ASSERT_EQ(got.n_block_max, want.n_block_max) << where;
-              if (want.n_block_max > 0) {
-                // Every block that holds a masked column must be masked; masking
-                // a few more (clamped below by n_block_max) costs time, not correctness.
-                ASSERT_LE(std::min(got.n_block_mask, got.n_block_max), std::min(want.n_block_mask, want.n_block_max))
-                    << where;
-                ASSERT_GE(got.n_block_mask, want.n_block_mask - 1) << where;
-              }
+    for (auto const& [bm, bn] : forward_tiles()) {
+      for (int sq : {1, 7, 128, 200, 513}) {
+        for (int sk : {1, 7, 128, 200, 513, 1000}) {
+          for (int m = 0; m * bm < sq; ++m) {
+            std::string const where = std::to_string(causal) + " " + std::to_string(bm) + "x" + std::to_string(bn) +
+                                      " " + std::to_string(sq) + " " + std::to_string(sk) + " " + std::to_string(m);
+            BlockRange got = flash3::block_range(m, bm, bn, sq, sk, causal);
+            BlockRange want = brute_force(m, bm, bn, sq, sk, causal);
+            ASSERT_EQ(got.n_block_max, want.n_block_max) << where;
+            if (want.n_block_max > 0) {
+              // Every block that holds a masked column must be masked; masking
+              // a few more (clamped below by n_block_max) costs time, not correctness.
+              ASSERT_LE(std::min(got.n_block_mask, got.n_block_max), std::min(want.n_block_mask, want.n_block_max))
+                  << where;
+              ASSERT_GE(got.n_block_mask, want.n_block_mask - 1) << where;
             }
           }
         }
@@ -190,6 +206,28 @@ TEST(BackwardWorkspace, QueryBlocksFollowTheHeadDim) {
     EXPECT_EQ(w.m_blocks, flash3::div_up(200, bm)) << d;
     // The dQ accumulator holds every padded row's d floats, before LSE and D.
     EXPECT_GE(w.lse_log2 - w.dq_accum, size_t(2) * 8 * w.m_blocks * bm * d * sizeof(float)) << d;
+  }
+}
+
+// setmaxnreg can only move registers within the CTA's launch allocation:
+// 64K / threads, rounded down to 8 (168 for 384 threads, 128 for 512).
+TEST(RegisterSplit, FitsTheLaunchAllocation) {
+  EXPECT_TRUE(flash3::fits_launch_registers(384, 128, 24, 240));   // 2 consumer warpgroups
+  EXPECT_TRUE(flash3::fits_launch_registers(384, 128, 40, 232));
+  EXPECT_FALSE(flash3::fits_launch_registers(384, 128, 32, 240));  // hung on the GPU
+  EXPECT_TRUE(flash3::fits_launch_registers(512, 128, 32, 160));   // 3 consumer warpgroups
+  EXPECT_FALSE(flash3::fits_launch_registers(512, 128, 40, 160));
+}
+
+// FP8's scale blocks hold whole key blocks of both masks' kernels.
+TEST(Fp8ScaleBlocks, WholeTilesOfBothMasks) {
+  for (int d : {64, 128, 256}) {
+    flash3::fwd::Fp8ScaleBlocks const b = flash3::fwd::fp8_scale_blocks(d);
+    for (bool causal : {false, true}) {
+      flash3::fwd::TileSize const t = flash3::fwd::tile_size(d, true, causal);
+      EXPECT_EQ(b.q, t.block_m) << d << " " << causal;
+      EXPECT_EQ(b.kv % t.block_n, 0) << d << " " << causal;
+    }
   }
 }
 
