@@ -99,7 +99,8 @@ struct TransposeV {
   static constexpr bool separable(std::integer_sequence<int, kUnit...>) {
     return (std::bool_constant<separable(kUnit)>::value && ...);
   }
-  static_assert(separable(std::make_integer_sequence<int, kUnits>{}), "a unit's and a lane's offsets must combine by XOR");
+  static_assert(separable(std::make_integer_sequence<int, kUnits>{}),
+                "a unit's and a lane's offsets must combine by XOR");
 
   // v, vt: one stage of V as loaded and of V^T as the GEMM reads it. The
   // warp index picks one of kWarps unrolled copies, so each unit's part is

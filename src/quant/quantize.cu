@@ -16,8 +16,7 @@
 // a cluster of CTAs of equal parts (head dim 256, R = 192: three of 64 rows;
 // head dim 128, R = 192: two of 96) that exchange their amax through
 // distributed shared memory, so that no CTA holds more than 64 float32 values
-// per thread. The CTA then
-// writes e4m3 and the scale.
+// per thread. The CTA then writes e4m3 and the scale.
 // kPerTensor / kPerHead: the scales are zeroed (cudaMemsetAsync), Pass::kAmax
 // folds each CTA's amax into its scale slot with an atomicMax on the bits of
 // (amax | sign bit) (order-preserving on non-negative floats, and marked as
@@ -418,9 +417,9 @@ cudaError_t quantize_all(QuantizeArgs const& a, cudaStream_t stream) {
     for (Job const& j : jobs) {
       if (j.seqlen == 0) continue;
       err = j.query ? quantize_per_block<kBF16, kHeadDim, kBlocks.q>(a, j.in, j.out, j.scale, j.seqlen, j.heads,
-                                                                        j.hadamard, signs, stream)
+                                                                     j.hadamard, signs, stream)
                     : quantize_per_block<kBF16, kHeadDim, kBlocks.kv>(a, j.in, j.out, j.scale, j.seqlen, j.heads,
-                                                                        j.hadamard, signs, stream);
+                                                                      j.hadamard, signs, stream);
       if (err != cudaSuccess) return err;
     }
     return cudaSuccess;
