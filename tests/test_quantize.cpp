@@ -95,7 +95,7 @@ TEST(QuantizeValidation, Sizes) {
   expect_invalid([](QuantizeArgs& a) { a.heads_kv = -2; }, "heads_kv:");
   expect_invalid([](QuantizeArgs& a) { a.heads_kv = 3; }, "heads_kv:");
   expect_invalid([](QuantizeArgs& a) { a.heads_q = int64_t(1) << 31; }, "heads_q:");
-  // batch * heads * seqlen / 64 CTAs: at most 2^31 - 1.
+  // batch * heads * seqlen / 32 CTAs: at most 2^31 - 1.
   expect_invalid([](QuantizeArgs& a) { a.batch = int64_t(1) << 30; }, "batch:");
   expect_invalid([](QuantizeArgs& a) { a.batch = int64_t(1) << 25, a.heads_kv = 1, a.seqlen_k = 1 << 20; }, "batch:");
 }

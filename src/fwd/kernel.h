@@ -129,10 +129,11 @@ struct Kernel {
         constexpr uint32_t kStageBytes = Traits::kBlockN * Traits::kHeadDim;  // one byte per element
         char* const v = reinterpret_cast<char*>(smem.v.data());
         char* const vt = reinterpret_cast<char*>(smem.vt.data());
-        // V's staging slots and V^T's are filled in step: one state serves
-        // both, V^T's producer phase being the opposite of the staging
-        // slot's consumer phase (registers are scarce here).
-        PipelineState stage;
+        // V's staging slots and V^T's are filled in step: one counter of
+        // V blocks gives both states (V^T's producer phase is the opposite of
+        // the staging slot's consumer phase), which is all the transposers
+        // hold across blocks besides the block count (registers are scarce here).
+        uint32_t step = 0;
         typename PipelineTile::PipelineState read_tile;
         for (;;) {
           pipeline_tile.consumer_wait(read_tile);
@@ -141,16 +142,16 @@ struct Kernel {
           ++read_tile;
           if (t >= num_tiles) break;
           BlockRange const range = range_of(scheduler.tile(t));
-          for (int blocks = range.n_block_max - range.n_block_min; blocks > 0; --blocks) {
-            PipelineState const write_v(stage.index(), stage.phase() ^ 1, stage.count());
-            pipeline_v_load.consumer_wait(stage);
+          for (uint32_t const end = step + max(range.n_block_max - range.n_block_min, 0); step != end; ++step) {
+            uint32_t const index = step % Traits::kStages, phase = (step / Traits::kStages) & 1;
+            PipelineState const read_v(index, phase, 0), write_v(index, phase ^ 1, 0);
+            pipeline_v_load.consumer_wait(read_v);
             pipeline_v.producer_acquire(write_v);
-            TransposeV<Traits>::run(v + stage.index() * kStageBytes, vt + stage.index() * kStageBytes, thread_idx);
+            TransposeV<Traits>::run(v + index * kStageBytes, vt + index * kStageBytes, thread_idx);
             // The GEMM reads V^T through the async proxy.
             cutlass::arch::fence_view_async_shared();
             pipeline_v.producer_commit(write_v);
-            pipeline_v_load.consumer_release(stage);
-            ++stage;
+            pipeline_v_load.consumer_release(read_v);
           }
         }
       }

@@ -29,13 +29,13 @@ constexpr TileSize tile_size(int head_dim, bool fp8, bool causal) {
     // causal +17% at 8k-16k), and a third stage that gives V's transpose room
     // to run ahead of the PV GEMMs. Head dim 128: 192 keys a block halve the
     // per-block work of softmax and barriers against 128 (+8-11% at 8k-16k;
-    // 224 spills). Head dim 256: 96 keys without the mask (+7-10% at 8k-16k);
-    // the causal kernel, holding the mask's state too, spills at 96 and keeps
-    // 64; 128 spills, and a third stage of 64 measured 3-7% slower.
+    // 224 spills). Head dim 256: 96 keys (against 64, +7-10% at 8k-16k
+    // without the mask, +8-10% with it; spill-free with the consumers at 240
+    // registers); 128 spills, and a third stage of 64 measured 3-7% slower.
     switch (head_dim) {
       case 64: return {192, 128, 3};
       case 128: return {128, 192, 2};
-      default: return {128, causal ? 64 : 96, 2};  // 256
+      default: return {128, 96, 2};  // 256
     }
   }
   switch (head_dim) {
@@ -53,7 +53,7 @@ constexpr TileSize tile_size(int head_dim, bool fp8, bool causal) {
 
 // FP8's per-block scales (fp8_block_sizes): Q's rows per scale are block M,
 // the same for both masks; a K/V scale block holds whole key blocks of both
-// masks' kernels (head dim 256: 192 rows, three blocks of 64 or two of 96).
+// masks' kernels (the lcm of their block N).
 struct Fp8ScaleBlocks {
   int q;
   int kv;

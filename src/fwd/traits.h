@@ -60,11 +60,11 @@ struct FwdTraits {
   static constexpr int kNumTransposeThreads = kFp8 ? 3 * cutlass::NumThreadsPerWarp : 0;
   // setmaxnreg: the producer only issues TMA; the consumers hold S, P and O.
   // 128 x 24 + 256 x 240 and 128 x 24 + 384 x 160 fit what the CTA has.
-  // FP8's transposers need more (at 24 they spill their pipeline states),
-  // which FP8's consumers, holding P in half the registers, can spare: 40
-  // beside two consumer warpgroups of 232, 32 beside three of 160.
-  static constexpr int kProducerRegisters = !kFp8 ? 24 : kNumConsumerWarpGroups == 3 ? 32 : 40;
-  static constexpr int kConsumerRegisters = kNumConsumerWarpGroups == 3 ? 160 : kFp8 ? 232 : 240;
+  // FP8's transposers fit 24 beside two consumer warpgroups (one counter for
+  // their pipeline states, one unit in flight); beside three of 160 there
+  // are 32 to give.
+  static constexpr int kProducerRegisters = kFp8 && kNumConsumerWarpGroups == 3 ? 32 : 24;
+  static constexpr int kConsumerRegisters = kNumConsumerWarpGroups == 3 ? 160 : 240;
   static_assert(!kWarpSpecialized || fits_launch_registers(kNumThreads, 128, kProducerRegisters, kConsumerRegisters));
 
   // Global Q, K, V, O as (seqlen, head_dim, heads, batch), 64-bit strides.

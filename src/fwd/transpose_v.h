@@ -46,10 +46,12 @@ struct TransposeV {
   //  - stmatrix x4 writes them as rows 2(l/4) (even entries, matrices 0, 2)
   //    and 2(l/4)+1 (odd, 1, 3) of V^T, columns 4q..4q+3 (+16).
   // Units are dealt to the warps round-robin; each lane keeps kInFlight
-  // loads in flight before it permutes and stores.
+  // loads in flight before it permutes and stores: one, so that the
+  // transposers fit the 24 registers FlashAttention-3's split leaves them
+  // (two measured +11% at head dim 128 when the transposers bound, under 40).
   static constexpr int kKeyRegions = kBlockN / 32;
   static constexpr int kUnits = kKeyRegions * (kHeadDim / 16);
-  static constexpr int kInFlight = 2;
+  static constexpr int kInFlight = 1;
 
   using LayoutV = decltype(take<0, 2>(typename Traits::SmemLayoutV{}));
   using LayoutVt = decltype(take<0, 2>(typename Traits::SmemLayoutVt{}));
@@ -102,13 +104,28 @@ struct TransposeV {
   static_assert(separable(std::make_integer_sequence<int, kUnits>{}),
                 "a unit's and a lane's offsets must combine by XOR");
 
+  // Warp w's units (w, w + kWarps, ...) ordered by the swizzle bits their
+  // addresses XOR into the lane's, so that one such address is live at a time.
+  template <int kWarp, int kMine>
+  static constexpr cute::array<int, kMine> unit_order() {
+    cute::array<int, kMine> order{};
+    auto key = [](int u) { return (unit_v(u) & kSharedV) << 16 | (unit_vt(u) & kSharedVt); };
+    for (int i = 0; i < kMine; ++i) {
+      int const u = kWarp + kWarps * i;
+      int j = i;
+      for (; j > 0 && key(order[j - 1]) > key(u); --j) order[j] = order[j - 1];
+      order[j] = u;
+    }
+    return order;
+  }
+
   // v, vt: one stage of V as loaded and of V^T as the GEMM reads it. The
   // warp index picks one of kWarps unrolled copies, so each unit's part is
   // a constant.
   CUTE_DEVICE static void run(char* v, char* vt, int thread_idx) {
     // The lane is read afresh: its parts are computed here, each stage,
     // instead of being hoisted out of the loops with one XOR per unit and
-    // spilled (the transposers hold 40 registers).
+    // spilled (the transposers hold 24 registers).
     uint32_t lane;
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
     uint32_t const lane_v_all = lane_v(int(lane)), lane_vt_all = lane_vt(int(lane));
@@ -120,19 +137,20 @@ struct TransposeV {
       constexpr int kWarp = decltype(w)::value;
       constexpr int kMine = (kUnits - kWarp + kWarps - 1) / kWarps;  // units kWarp, kWarp + kWarps, ...
       if (warp != kWarp) return;
+      constexpr cute::array<int, kMine> kOrder = unit_order<kWarp, kMine>();
       cute::for_each(make_int_sequence<(kMine + kInFlight - 1) / kInFlight>{}, [&](auto batch) {
         constexpr int kFirst = decltype(batch)::value * kInFlight;
         constexpr int kCount = cute::min(kInFlight, kMine - kFirst);
         uint32_t r[kCount][4];
         CUTE_UNROLL
         for (int i = 0; i < kCount; ++i) {
-          uint32_t const unit = unit_v(kWarp + kWarps * (kFirst + i));
+          uint32_t const unit = unit_v(kOrder[kFirst + i]);
           char const* src = v + (unit & ~kSharedV) + (v_shared ^ (unit & kSharedV));
           SM75_U16x8_LDSM_T::copy(*reinterpret_cast<uint128_t const*>(src), r[i][0], r[i][1], r[i][2], r[i][3]);
         }
         CUTE_UNROLL
         for (int i = 0; i < kCount; ++i) {
-          uint32_t const unit = unit_vt(kWarp + kWarps * (kFirst + i));
+          uint32_t const unit = unit_vt(kOrder[kFirst + i]);
           char* dst = vt + (unit & ~kSharedVt) + (vt_shared ^ (unit & kSharedVt));
           SM90_U32x4_STSM_N::copy(__byte_perm(r[i][0], r[i][1], 0x6420), __byte_perm(r[i][0], r[i][1], 0x7531),
                                   __byte_perm(r[i][2], r[i][3], 0x6420), __byte_perm(r[i][2], r[i][3], 0x7531),

@@ -13,7 +13,7 @@
 // over the warp (shuffles), then the CTA (shared memory).
 //
 // kPerBlock (Pass::kFused): one pass. A scale block of R rows is one CTA, or
-// a cluster of CTAs of equal parts (head dim 256, R = 192: three of 64 rows;
+// a cluster of CTAs of equal parts (head dim 256, R = 96: two of 48 rows;
 // head dim 128, R = 192: two of 96) that exchange their amax through
 // distributed shared memory, so that no CTA holds more than 64 float32 values
 // per thread. The CTA then writes e4m3 and the scale.

@@ -15,8 +15,8 @@ namespace flash3::quant {
 // batch * heads * (ceil(seqlen / kMinTileRows) + kMaxCluster - 1) CTAs (a
 // last scale block of kMaxCluster CTAs may have all but its first empty),
 // which validate() keeps below 2^31 (the grid's x limit).
-constexpr int64_t kMinTileRows = 64;
-constexpr int kMaxCluster = 3;
+constexpr int64_t kMinTileRows = 32;
+constexpr int kMaxCluster = 2;
 
 // Enqueues the quantization of every non-empty tensor of `args` (validated, on
 // an sm_90 device) on `stream`: for kPerBlock one fused kernel per tensor; for
