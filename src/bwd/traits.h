@@ -8,7 +8,7 @@
 //   dP^T = V_j dO_i^T       (N x M)  SS
 //   dV  += P^T dO_i         (N x d)
 //   dK  += dS^T Q_i         (N x d)
-//   dQ_i = dS K_j           (M x d)  SS   dS through shared memory; warpgroups split d
+//   dQ_i = dS K_j           (M x d)  SS   dS through shared memory; warpgroups split M or d
 // Computing S and dP transposed puts the keys on the accumulator's rows, so
 // P^T and dS^T are the A operands of the dV and dK GEMMs.
 //
@@ -96,10 +96,16 @@ struct BwdTraits {
       decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, D, M>, GMMA::Major::K,
                                                    GMMA::Major::MN>(),
                               SplitRows{}))>;
-  using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<M, Int<kHeadDim / 2>, N>, GMMA::Major::MN,
-                           GMMA::Major::MN>(),
-      SplitCols{}));
+  // dQ: with M = 128 the warpgroups split the queries (m64 x d each, half of
+  // dS as A), otherwise the head dim (M x d/2 each, all of dS).
+  using TiledMmadQ = conditional_t<
+      (kBlockM > 64),
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, D, N>, GMMA::Major::MN,
+                                                   GMMA::Major::MN>(),
+                              SplitRows{})),
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<M, Int<kHeadDim / 2>, N>,
+                                                   GMMA::Major::MN, GMMA::Major::MN>(),
+                              SplitCols{}))>;
 
   // The part of d one warpgroup's dK/dV GEMM covers: the swizzle atoms of Q,
   // dO (read through transposed views) and V (dK, dV's epilogue buffer) divide it.
