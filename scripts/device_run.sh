@@ -37,10 +37,12 @@ if has sanitize; then
   bwd_det="--pass bwd --seqlen 300 --tokens 300 --hidden 256 --hdim 128,256 --causal 1 --deterministic --reps 1"
   # FP8: the quantization and the kernel with its V transpose.
   fp8="--dtype e4m3 --seqlen 300 --tokens 600 --hidden 256 --hdim 64,128,256 --hadamard --reps 1"
+  # Per-head scales: the quantizer's clusters of up to 16 CTAs per head.
+  fp8_head="--dtype e4m3 --granularity head --seqlen 2100 --tokens 2100 --hidden 256 --hdim 64,128,256 --causal 0 --reps 1"
   # The ablation variant without warp specialization: several tiles per CTA.
   nows="--no-ws --seqlen 512 --tokens 8192 --hidden 512 --hdim 128 --reps 1 --no-check"
   for tool in memcheck racecheck synccheck; do
-    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$fp8" "$nows"; do
+    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$fp8" "$fp8_head" "$nows"; do
       timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/flash3-bench $args >>"$OUT/sanitize.log" 2>&1
       summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
     done

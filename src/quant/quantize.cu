@@ -17,13 +17,17 @@
 // head dim 128, R = 192: two of 96) that exchange their amax through
 // distributed shared memory, so that no CTA holds more than 64 float32 values
 // per thread. The CTA then writes e4m3 and the scale.
-// kPerTensor / kPerHead: the scales are zeroed (cudaMemsetAsync), Pass::kAmax
-// folds each CTA's amax into its scale slot with an atomicMax on the bits of
-// (amax | sign bit) (order-preserving on non-negative floats, and marked as
-// "an amax, not yet a scale" by the sign bit), and Pass::kQuantize re-reads
-// the input (recomputing the same transform), turns the slot into the scale
-// and quantizes; the first CTA of each group overwrites the slot with the
-// (positive) scale, which any CTA that reads it afterwards takes as is.
+// kPerTensor: the scale is zeroed (cudaMemsetAsync), Pass::kAmax folds each
+// CTA's amax into it with an atomicMax on the bits of (amax | sign bit)
+// (order-preserving on non-negative floats, and marked as "an amax, not yet a
+// scale" by the sign bit), and Pass::kQuantize re-reads the input
+// (recomputing the same transform), turns the slot into the scale and
+// quantizes; the first tile's CTA overwrites the slot with the (positive)
+// scale, which any CTA that reads it afterwards takes as is. The input is
+// read twice: a tensor larger than L2 cannot wait on chip for its amax.
+// kPerHead (Pass::kPerHead): one kernel, a cluster per (batch, head) that
+// takes the head's amax, exchanges it through distributed shared memory and
+// quantizes; with few heads in flight their second reads are served by L2.
 //
 // Every float operation is the same in quantize_cpu (reference/), in the same
 // order (quant/hadamard.h holds the shared parts), so that the two agree bit
@@ -35,6 +39,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -47,7 +52,9 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-enum class Pass { kFused, kAmax, kQuantize };
+enum class Pass { kFused, kAmax, kQuantize, kPerHead };
+
+constexpr int kHeadCluster = 16;  // kPerHead: the most CTAs of one head (a non-portable cluster)
 
 constexpr int kVec = 16;           // elements of a row per thread: 32 bytes in, 16 bytes out
 constexpr int kRowsPerThread = 4;  // rows per thread: 64 float32 registers
@@ -62,8 +69,7 @@ struct TensorParams {
   float* scale;
   int64_t seqlen;
   int64_t heads;
-  int64_t tiles_per_head;  // CTAs (kFused: clusters) along the sequence of one (batch, head)
-  bool per_head;           // kAmax, kQuantize: a scale per (batch, head), else one per tensor
+  int64_t tiles_per_head;  // tiles of the kernel (kFused: scale blocks) along the sequence of one (batch, head)
   uint64_t signs[4];       // bit i % 64 of signs[i / 64]: column i is negated (with kHadamard)
 };
 
@@ -138,7 +144,8 @@ struct Config {
   static_assert(kCtaRows % kRowsPerThread == 0 && kThreads % 32 == 0 && kThreads <= kMaxThreads);
   static_assert(kCtaRows >= kMinTileRows, "validate() bounds the grid with kMinTileRows");
   // quant/quantize.h's bound on the CTAs of a launch (validate() relies on it)
-  // holds for clusters of at most kMaxCluster CTAs.
+  // holds for clusters of at most kMaxCluster CTAs. (kPerHead's cluster is
+  // chosen at launch: at most as many CTAs as the head has tiles.)
   static_assert(kCluster >= 1 && kCluster <= kMaxCluster && (kCluster == 1 || kPass == Pass::kFused));
 };
 
@@ -159,105 +166,89 @@ __device__ __forceinline__ uint4 quantize16(float const (&v)[kVec], float inv) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-template <bool kBF16, int kHeadDim, int kCtaRows, int kCluster, bool kHadamard, Pass kPass>
-__global__ void __launch_bounds__(Config<kBF16, kHeadDim, kCtaRows, kCluster, kHadamard, kPass>::kThreads,
-                                  Config<kBF16, kHeadDim, kCtaRows, kCluster, kHadamard, kPass>::kMinBlocks)
-    quantize_kernel(__grid_constant__ TensorParams const p) {
-  using Cfg = Config<kBF16, kHeadDim, kCtaRows, kCluster, kHadamard, kPass>;
-  constexpr int kT = Cfg::kRowThreads;
-  constexpr int kE = kRowsPerThread;
+// The kRowsPerThread rows a thread holds of a tile (first_row, first_row +
+// row_step, ...), 16 columns of each (those of `slot`).
+template <bool kBF16, int kHeadDim, bool kHadamard>
+struct ThreadRows {
+  static constexpr int kT = kHeadDim / kVec;  // threads per row
+  static constexpr int kE = kRowsPerThread;
+  uint32_t w[kE][8];  // raw 16-bit pairs (with the transform: signs flipped)
+  float v[kE][kVec];  // float32 values (with the transform: transformed)
 
-  int const tid = threadIdx.x;
-  int const lane = tid % 32;
-  int const slot = tid % kT;  // which 16 columns of the row
-  int64_t const tile = blockIdx.x / kCluster;
-  int const rank = kCluster > 1 ? int(cg::this_cluster().block_rank()) : 0;
-  int64_t const seq_tile = tile % p.tiles_per_head;
-  int64_t const bh = tile / p.tiles_per_head;
-  int64_t const h = bh % p.heads;
-  int64_t const b = bh / p.heads;
-  int64_t const first_row = (seq_tile * kCluster + rank) * kCtaRows + tid / kT;
-
-  // Loads first: 2 x 16 bytes per row, all in flight at once. Rows past the
-  // sequence read as zeros, which change no maximum, and are not stored.
-  uint16_t const* const in = p.in + b * p.in_batch_stride + h * p.in_head_stride + slot * kVec;
-  uint32_t w[kE][8];
+  // 2 x 16 bytes per row, all in flight at once. Rows past the sequence read
+  // as zeros, which change no maximum, and are not stored.
+  __device__ __forceinline__ void load(uint16_t const* in, int64_t seq_stride, int64_t first_row, int row_step,
+                                       int64_t seqlen) {
 #pragma unroll
-  for (int e = 0; e < kE; ++e) {
-    int64_t const row = first_row + e * Cfg::kRowStep;
-    uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
-    if (row < p.seqlen) {
-      uint4 const* src = reinterpret_cast<uint4 const*>(in + row * p.in_seq_stride);
-      lo = __ldg(src);
-      hi = __ldg(src + 1);
+    for (int e = 0; e < kE; ++e) {
+      int64_t const row = first_row + e * row_step;
+      uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
+      if (row < seqlen) {
+        uint4 const* src = reinterpret_cast<uint4 const*>(in + row * seq_stride);
+        lo = __ldg(src);
+        hi = __ldg(src + 1);
+      }
+      w[e][0] = lo.x, w[e][1] = lo.y, w[e][2] = lo.z, w[e][3] = lo.w;
+      w[e][4] = hi.x, w[e][5] = hi.y, w[e][6] = hi.z, w[e][7] = hi.w;
     }
-    w[e][0] = lo.x, w[e][1] = lo.y, w[e][2] = lo.z, w[e][3] = lo.w;
-    w[e][4] = hi.x, w[e][5] = hi.y, w[e][6] = hi.z, w[e][7] = hi.w;
-  }
-
-  // kQuantize: the group's slot holds its amax (marked) or already its scale.
-  float scale = 1.0f;
-  int64_t const slot_index = p.per_head ? bh : 0;
-  if constexpr (kPass == Pass::kQuantize) {
-    uint32_t const bits = *reinterpret_cast<uint32_t volatile const*>(p.scale + slot_index);
-    scale = (bits & kAmaxMark) != 0u ? scale_from_amax(__uint_as_float(bits & ~kAmaxMark)) : __uint_as_float(bits);
   }
 
   // With the transform: x -> x diag(s) H / sqrt(d) in float32, kept in v.
   // The butterflies in the reference's order: h = 1, 2, 4, 8 within the
   // thread, then 16, 32, ... across the row's threads (lane ^ h / 16).
-  float v[kE][kVec];
-  if constexpr (kHadamard) {
-    // The signs flip the 16-bit sign bits (exact, and subnormals are flushed
-    // to zeros of the flipped sign either way).
-    uint32_t const signs = uint32_t(p.signs[slot / 4] >> ((slot % 4) * 16)) & 0xFFFFu;
+  __device__ __forceinline__ void transform(uint64_t const (&sign_bits)[4], int slot) {
+    if constexpr (kHadamard) {
+      // The signs flip the 16-bit sign bits (exact, and subnormals are
+      // flushed to zeros of the flipped sign either way).
+      uint32_t const signs = uint32_t(sign_bits[slot / 4] >> ((slot % 4) * 16)) & 0xFFFFu;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      uint32_t const flip = (((signs >> (2 * i)) & 1u) << 15) | (((signs >> (2 * i + 1)) & 1u) << 31);
+      for (int i = 0; i < 8; ++i) {
+        uint32_t const flip = (((signs >> (2 * i)) & 1u) << 15) | (((signs >> (2 * i + 1)) & 1u) << 31);
 #pragma unroll
-      for (int e = 0; e < kE; ++e) w[e][i] ^= flip;
-    }
+        for (int e = 0; e < kE; ++e) w[e][i] ^= flip;
+      }
 #pragma unroll
-    for (int e = 0; e < kE; ++e) widen_row<kBF16>(w[e], v[e]);
+      for (int e = 0; e < kE; ++e) widen_row<kBF16>(w[e], v[e]);
 #pragma unroll
-    for (int hh = 1; hh < kVec; hh *= 2) {
+      for (int hh = 1; hh < kVec; hh *= 2) {
 #pragma unroll
-      for (int e = 0; e < kE; ++e) {
+        for (int e = 0; e < kE; ++e) {
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          if ((j & hh) == 0) {
-            float const x = v[e][j], y = v[e][j + hh];
-            v[e][j] = x + y;
-            v[e][j + hh] = x - y;
+          for (int j = 0; j < kVec; ++j) {
+            if ((j & hh) == 0) {
+              float const x = v[e][j], y = v[e][j + hh];
+              v[e][j] = x + y;
+              v[e][j + hh] = x - y;
+            }
           }
         }
       }
-    }
 #pragma unroll
-    for (int m = 1; m < kT; m *= 2) {
-      // The thread of the lower index keeps x + y, that of the upper x - y
-      // (its partner's value minus its own): one FMA by +-1, exact but for
-      // the single rounding of the sum, as the reference's add and subtract.
-      float const sign = (slot & m) != 0 ? -1.0f : 1.0f;
+      for (int m = 1; m < kT; m *= 2) {
+        // The thread of the lower index keeps x + y, that of the upper x - y
+        // (its partner's value minus its own): one FMA by +-1, exact but for
+        // the single rounding of the sum, as the reference's add and subtract.
+        float const sign = (slot & m) != 0 ? -1.0f : 1.0f;
+#pragma unroll
+        for (int e = 0; e < kE; ++e) {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            float const other = __shfl_xor_sync(0xFFFFFFFFu, v[e][j], m);
+            v[e][j] = fmaf(v[e][j], sign, other);
+          }
+        }
+      }
+      float const norm = hadamard_norm(kHeadDim);
 #pragma unroll
       for (int e = 0; e < kE; ++e) {
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          float const other = __shfl_xor_sync(0xFFFFFFFFu, v[e][j], m);
-          v[e][j] = fmaf(v[e][j], sign, other);
-        }
+        for (int j = 0; j < kVec; ++j) v[e][j] = v[e][j] * norm;
       }
-    }
-    float const norm = hadamard_norm(kHeadDim);
-#pragma unroll
-    for (int e = 0; e < kE; ++e) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) v[e][j] = v[e][j] * norm;
     }
   }
 
-  if constexpr (kPass != Pass::kQuantize) {
-    // The group's absolute maximum: thread, warp, CTA (and cluster).
+  // This thread's absolute maximum (after transform()).
+  __device__ __forceinline__ float amax() const {
     float amax = 0.0f;
     if constexpr (kHadamard) {
 #pragma unroll
@@ -276,76 +267,186 @@ __global__ void __launch_bounds__(Config<kBF16, kHeadDim, kCtaRows, kCluster, kH
       }
       float lo, hi;
       widen<kBF16>(m, lo, hi);
-      amax = fmaxf(amax, fmaxf(lo, hi));
+      amax = fmaxf(lo, hi);
     }
-#pragma unroll
-    for (int m = 16; m >= 1; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
-    __shared__ float warp_amax[Cfg::kWarps];
-    if (lane == 0) warp_amax[tid / 32] = amax;
-    __syncthreads();
-    amax = warp_amax[0];
-#pragma unroll
-    for (int i = 1; i < Cfg::kWarps; ++i) amax = fmaxf(amax, warp_amax[i]);
+    return amax;
+  }
 
+  // The rows times `inv` to e4m3, 16 bytes per row (after transform()).
+  __device__ __forceinline__ void store(uint8_t* out, int64_t seq_stride, int64_t first_row, int row_step,
+                                        int64_t seqlen, float inv) {
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      int64_t const row = first_row + e * row_step;
+      if constexpr (!kHadamard) widen_row<kBF16>(w[e], v[e]);
+      uint4 const q = quantize16(v[e], inv);
+      if (row < seqlen) *reinterpret_cast<uint4*>(out + row * seq_stride) = q;
+    }
+  }
+};
+
+// The shared memory of the reductions below: one object, so that the
+// compiler cannot give the two parts one address (as it did to two function-
+// local buffers, whose lifetimes it judged apart from one thread's view).
+struct AmaxScratch {
+  float warp[kMaxThreads / 32];
+  float cta;
+};
+
+// The maximum of `amax` over the CTA's threads: warp shuffles, then shared
+// memory (once per kernel: the buffer is not reused).
+template <int kWarps>
+__device__ __forceinline__ float cta_max(float amax, AmaxScratch& scratch) {
+#pragma unroll
+  for (int m = 16; m >= 1; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
+  if (threadIdx.x % 32 == 0) scratch.warp[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = scratch.warp[0];
+#pragma unroll
+  for (int i = 1; i < kWarps; ++i) amax = fmaxf(amax, scratch.warp[i]);
+  return amax;
+}
+
+// The maximum over the cluster of each CTA's `amax` (the CTA's, the same in
+// all its threads), read from the others' shared memory. The caller waits on
+// the cluster barrier (barrier_wait) before it exits, so that no CTA's shared
+// memory goes while another may still read it.
+__device__ __forceinline__ float cluster_max(float amax, AmaxScratch& scratch) {
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) scratch.cta = amax;
+  cluster.sync();  // every CTA's amax written and visible
+  unsigned const rank = cluster.block_rank();
+  for (unsigned r = 0; r < cluster.num_blocks(); ++r) {
+    if (r != rank) amax = fmaxf(amax, cluster.map_shared_rank(&scratch, r)->cta);
+  }
+  cluster.barrier_arrive();  // done reading the others' shared memory
+  return amax;
+}
+
+// kFused, kAmax, kQuantize: a CTA quantizes one tile of kCtaRows rows.
+template <bool kBF16, int kHeadDim, int kCtaRows, int kCluster, bool kHadamard, Pass kPass>
+__global__ void __launch_bounds__(Config<kBF16, kHeadDim, kCtaRows, kCluster, kHadamard, kPass>::kThreads,
+                                  Config<kBF16, kHeadDim, kCtaRows, kCluster, kHadamard, kPass>::kMinBlocks)
+    quantize_kernel(__grid_constant__ TensorParams const p) {
+  using Cfg = Config<kBF16, kHeadDim, kCtaRows, kCluster, kHadamard, kPass>;
+  static_assert(kPass != Pass::kPerHead);
+  int const tid = threadIdx.x;
+  int const slot = tid % Cfg::kRowThreads;  // which 16 columns of the row
+  // kQuantize walks the tiles from the last: the amax pass's last reads may
+  // still be in L2.
+  int64_t const tile = kPass == Pass::kQuantize ? gridDim.x - 1 - blockIdx.x : blockIdx.x / kCluster;
+  int const rank = kCluster > 1 ? int(cg::this_cluster().block_rank()) : 0;
+  int64_t const seq_tile = tile % p.tiles_per_head;
+  int64_t const bh = tile / p.tiles_per_head;
+  int64_t const h = bh % p.heads;
+  int64_t const b = bh / p.heads;
+  int64_t const first_row = (seq_tile * kCluster + rank) * kCtaRows + tid / Cfg::kRowThreads;
+
+  ThreadRows<kBF16, kHeadDim, kHadamard> rows;
+  rows.load(p.in + b * p.in_batch_stride + h * p.in_head_stride + slot * kVec, p.in_seq_stride, first_row,
+            Cfg::kRowStep, p.seqlen);
+
+  // kQuantize: the tensor's slot holds its amax (marked) or already its scale.
+  float scale = 1.0f;
+  if constexpr (kPass == Pass::kQuantize) {
+    uint32_t const bits = *reinterpret_cast<uint32_t volatile const*>(p.scale);
+    scale = (bits & kAmaxMark) != 0u ? scale_from_amax(__uint_as_float(bits & ~kAmaxMark)) : __uint_as_float(bits);
+  }
+  rows.transform(p.signs, slot);
+
+  if constexpr (kPass != Pass::kQuantize) {
+    __shared__ AmaxScratch scratch;
+    float amax = cta_max<Cfg::kWarps>(rows.amax(), scratch);
     if constexpr (kPass == Pass::kAmax) {
-      if (tid == 0) atomicMax(reinterpret_cast<unsigned int*>(p.scale + slot_index), kAmaxMark | __float_as_uint(amax));
+      if (tid == 0) atomicMax(reinterpret_cast<unsigned int*>(p.scale), kAmaxMark | __float_as_uint(amax));
       return;
     } else {
-      if constexpr (kCluster > 1) {
-        __shared__ float cta_amax;
-        cg::cluster_group cluster = cg::this_cluster();
-        if (tid == 0) cta_amax = amax;
-        cluster.sync();  // every CTA's cta_amax written and visible
-#pragma unroll
-        for (int r = 0; r < kCluster; ++r) {
-          if (r != rank) amax = fmaxf(amax, *cluster.map_shared_rank(&cta_amax, r));
-        }
-        cluster.barrier_arrive();  // done reading the others' shared memory; waited for before exit
-      }
+      if constexpr (kCluster > 1) amax = cluster_max(amax, scratch);
       scale = scale_from_amax(amax);
       if (rank == 0 && tid == 0) p.scale[tile] = scale;  // [batch, heads, blocks]: the tile index
     }
   } else {
-    bool const first_of_group = p.per_head ? seq_tile == 0 : tile == 0;
-    if (first_of_group && tid == 0) p.scale[slot_index] = scale;
+    if (tile == 0 && tid == 0) p.scale[0] = scale;
   }
 
   if constexpr (kPass != Pass::kAmax) {
-    float const inv = inverse_scale(scale);
-    uint8_t* const out = p.out + b * p.out_batch_stride + h * p.out_head_stride + slot * kVec;
-#pragma unroll
-    for (int e = 0; e < kE; ++e) {
-      int64_t const row = first_row + e * Cfg::kRowStep;
-      if constexpr (!kHadamard) widen_row<kBF16>(w[e], v[e]);
-      uint4 const q = quantize16(v[e], inv);
-      if (row < p.seqlen) *reinterpret_cast<uint4*>(out + row * p.out_seq_stride) = q;
-    }
+    rows.store(p.out + b * p.out_batch_stride + h * p.out_head_stride + slot * kVec, p.out_seq_stride, first_row,
+               Cfg::kRowStep, p.seqlen, inverse_scale(scale));
     if constexpr (kPass == Pass::kFused && kCluster > 1) cg::this_cluster().barrier_wait();
   }
 }
 
-// `ctas` CTAs (kFused: clusters of kCluster CTAs).
-template <bool kBF16, int kHeadDim, int kCtaRows, int kCluster, bool kHadamard, Pass kPass>
-cudaError_t launch(TensorParams const& p, int64_t ctas, cudaStream_t stream) {
-  using Cfg = Config<kBF16, kHeadDim, kCtaRows, kCluster, kHadamard, kPass>;
+// kPerHead: a cluster per (batch, head) walks the head's tiles twice, for
+// their amax and then to quantize them. Its second reads find the tiles in
+// L2 (few heads are in flight at once: a cluster of up to kHeadCluster CTAs
+// each; the last tile of each CTA is still in its registers), so the input is
+// read from memory once while the heads in flight fit in L2.
+template <bool kBF16, int kHeadDim, int kCtaRows, bool kHadamard>
+__global__ void __launch_bounds__(Config<kBF16, kHeadDim, kCtaRows, 1, kHadamard, Pass::kPerHead>::kThreads,
+                                  Config<kBF16, kHeadDim, kCtaRows, 1, kHadamard, Pass::kPerHead>::kMinBlocks)
+    quantize_head_kernel(__grid_constant__ TensorParams const p) {
+  using Cfg = Config<kBF16, kHeadDim, kCtaRows, 1, kHadamard, Pass::kPerHead>;
+  cg::cluster_group cluster = cg::this_cluster();
+  int64_t const ctas = cluster.num_blocks();
+  int64_t const rank = cluster.block_rank();
+  int const tid = threadIdx.x;
+  int const slot = tid % Cfg::kRowThreads;
+  int const row_in_tile = tid / Cfg::kRowThreads;
+  int64_t const bh = blockIdx.x / ctas;
+  int64_t const h = bh % p.heads;
+  int64_t const b = bh / p.heads;
+  uint16_t const* const in = p.in + b * p.in_batch_stride + h * p.in_head_stride + slot * kVec;
+  uint8_t* const out = p.out + b * p.out_batch_stride + h * p.out_head_stride + slot * kVec;
+
+  ThreadRows<kBF16, kHeadDim, kHadamard> rows;
+  float amax = 0.0f;
+  int64_t last = -1;
+  for (int64_t t = rank; t < p.tiles_per_head; t += ctas) {
+    rows.load(in, p.in_seq_stride, t * kCtaRows + row_in_tile, Cfg::kRowStep, p.seqlen);
+    rows.transform(p.signs, slot);
+    amax = fmaxf(amax, rows.amax());
+    last = t;
+  }
+  __shared__ AmaxScratch scratch;
+  float const scale = scale_from_amax(cluster_max(cta_max<Cfg::kWarps>(amax, scratch), scratch));
+  if (rank == 0 && tid == 0) p.scale[bh] = scale;
+  float const inv = inverse_scale(scale);
+  // Back down the same tiles, the most recently read first.
+  for (int64_t t = last; t >= 0; t -= ctas) {
+    if (t != last) {
+      rows.load(in, p.in_seq_stride, t * kCtaRows + row_in_tile, Cfg::kRowStep, p.seqlen);
+      rows.transform(p.signs, slot);
+    }
+    rows.store(out, p.out_seq_stride, t * kCtaRows + row_in_tile, Cfg::kRowStep, p.seqlen, inv);
+  }
+  cluster.barrier_wait();
+}
+
+// `clusters` clusters of `cluster` CTAs of `threads` threads running `kernel`.
+cudaError_t launch(void (*kernel)(TensorParams), int threads, TensorParams const& p, int64_t clusters, int cluster,
+                   cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(ctas * kCluster));
-  config.blockDim = dim3(Cfg::kThreads);
+  config.gridDim = dim3(unsigned(clusters * cluster));
+  config.blockDim = dim3(threads);
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
-  if constexpr (kCluster > 1) {
+  if (cluster > 1) {
+    if (cluster > 8) {
+      cudaError_t const err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      if (err != cudaSuccess) return err;
+    }
     attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = kCluster;
+    attribute[0].val.clusterDim.x = cluster;
     attribute[0].val.clusterDim.y = 1;
     attribute[0].val.clusterDim.z = 1;
     config.attrs = attribute;
     config.numAttrs = 1;
   }
-  return cudaLaunchKernelEx(&config, quantize_kernel<kBF16, kHeadDim, kCtaRows, kCluster, kHadamard, kPass>, p);
+  return cudaLaunchKernelEx(&config, kernel, p);
 }
 
-TensorParams params(ConstTensor const& in, MutableTensor const& out, float* scale,
-                    int64_t seqlen, int64_t heads, int64_t tile_rows, bool per_head, uint64_t const signs[4]) {
+TensorParams params(ConstTensor const& in, MutableTensor const& out, float* scale, int64_t seqlen, int64_t heads,
+                    int64_t tile_rows, uint64_t const signs[4]) {
   TensorParams p = {};
   p.in = static_cast<uint16_t const*>(in.data);
   p.in_batch_stride = in.batch_stride;
@@ -359,37 +460,47 @@ TensorParams params(ConstTensor const& in, MutableTensor const& out, float* scal
   p.seqlen = seqlen;
   p.heads = heads;
   p.tiles_per_head = (seqlen + tile_rows - 1) / tile_rows;
-  p.per_head = per_head;
   for (int i = 0; i < 4; ++i) p.signs[i] = signs[i];
   return p;
 }
 
+// The tile of kMaxThreads threads (per tensor, per head).
+constexpr int largest_tile(int head_dim) { return kMaxThreads * kRowsPerThread * kVec / head_dim; }
+
 // One tensor with scale blocks of kBlockRows rows: one fused pass.
 template <bool kBF16, int kHeadDim, int kBlockRows>
-cudaError_t quantize_per_block(QuantizeArgs const& a, ConstTensor const& in, MutableTensor const& out, float* scale,
-                               int64_t seqlen, int64_t heads, bool hadamard, uint64_t const signs[4],
-                               cudaStream_t stream) {
+cudaError_t quantize_per_block(QuantizeArgs const& a, TensorParams const& p, bool hadamard, cudaStream_t stream) {
   constexpr int kCtaRows = cta_rows(kHeadDim, kBlockRows);
   static_assert(kBlockRows % kCtaRows == 0, "a scale block is a whole number of CTAs");
   constexpr int kCluster = kBlockRows / kCtaRows;
-  TensorParams const p = params(in, out, scale, seqlen, heads, kBlockRows, false, signs);
-  int64_t const ctas = a.batch * heads * p.tiles_per_head;
-  return hadamard ? launch<kBF16, kHeadDim, kCtaRows, kCluster, true, Pass::kFused>(p, ctas, stream)
-                  : launch<kBF16, kHeadDim, kCtaRows, kCluster, false, Pass::kFused>(p, ctas, stream);
+  constexpr int kThreads = Config<kBF16, kHeadDim, kCtaRows, kCluster, false, Pass::kFused>::kThreads;
+  int64_t const blocks = a.batch * p.heads * p.tiles_per_head;
+  return launch(hadamard ? quantize_kernel<kBF16, kHeadDim, kCtaRows, kCluster, true, Pass::kFused>
+                         : quantize_kernel<kBF16, kHeadDim, kCtaRows, kCluster, false, Pass::kFused>,
+                kThreads, p, blocks, kCluster, stream);
 }
 
-// One tensor, per tensor or per head: the amax pass (kAmax) or the
-// quantization pass (kQuantize), over CTAs of the largest tile.
+// One tensor, per tensor: the amax pass (kAmax) or the quantization pass
+// (kQuantize).
 template <bool kBF16, int kHeadDim, Pass kPass>
-cudaError_t quantize_pass(QuantizeArgs const& a, ConstTensor const& in, MutableTensor const& out, float* scale,
-                          int64_t seqlen, int64_t heads, bool hadamard, uint64_t const signs[4],
-                          cudaStream_t stream) {
-  constexpr int kCtaRows = cta_rows(kHeadDim, kMaxThreads * kRowsPerThread * kVec / kHeadDim);
-  bool const per_head = a.granularity == ScaleGranularity::kPerHead;
-  TensorParams const p = params(in, out, scale, seqlen, heads, kCtaRows, per_head, signs);
-  int64_t const ctas = a.batch * heads * p.tiles_per_head;
-  return hadamard ? launch<kBF16, kHeadDim, kCtaRows, 1, true, kPass>(p, ctas, stream)
-                  : launch<kBF16, kHeadDim, kCtaRows, 1, false, kPass>(p, ctas, stream);
+cudaError_t quantize_pass(QuantizeArgs const& a, TensorParams const& p, bool hadamard, cudaStream_t stream) {
+  constexpr int kCtaRows = largest_tile(kHeadDim);
+  constexpr int kThreads = Config<kBF16, kHeadDim, kCtaRows, 1, false, kPass>::kThreads;
+  return launch(hadamard ? quantize_kernel<kBF16, kHeadDim, kCtaRows, 1, true, kPass>
+                         : quantize_kernel<kBF16, kHeadDim, kCtaRows, 1, false, kPass>,
+                kThreads, p, a.batch * p.heads * p.tiles_per_head, 1, stream);
+}
+
+// One tensor, per head: a cluster per (batch, head), of at most as many CTAs
+// as the head has tiles (which keeps quant/quantize.h's bound on the grid).
+template <bool kBF16, int kHeadDim>
+cudaError_t quantize_per_head(QuantizeArgs const& a, TensorParams const& p, bool hadamard, cudaStream_t stream) {
+  constexpr int kCtaRows = largest_tile(kHeadDim);
+  constexpr int kThreads = Config<kBF16, kHeadDim, kCtaRows, 1, false, Pass::kPerHead>::kThreads;
+  int const cluster = int(std::min<int64_t>(kHeadCluster, p.tiles_per_head));
+  return launch(hadamard ? quantize_head_kernel<kBF16, kHeadDim, kCtaRows, true>
+                         : quantize_head_kernel<kBF16, kHeadDim, kCtaRows, false>,
+                kThreads, p, a.batch * p.heads, cluster, stream);
 }
 
 template <bool kBF16, int kHeadDim>
@@ -412,37 +523,43 @@ cudaError_t quantize_all(QuantizeArgs const& a, cudaStream_t stream) {
   Job const jobs[3] = {{a.q, a.q_out, a.q_scale, a.seqlen_q, a.heads_q, a.hadamard, true},
                        {a.k, a.k_out, a.k_scale, a.seqlen_k, a.heads_kv, a.hadamard, false},
                        {a.v, a.v_out, a.v_scale, a.seqlen_k, a.heads_kv, false, false}};
+  auto const tensor = [&](Job const& j, int64_t tile_rows) {
+    return params(j.in, j.out, j.scale, j.seqlen, j.heads, tile_rows, signs);
+  };
+  constexpr int kTile = largest_tile(kHeadDim);
   cudaError_t err = cudaSuccess;
-  if (a.granularity == ScaleGranularity::kPerBlock) {
-    for (Job const& j : jobs) {
-      if (j.seqlen == 0) continue;
-      err = j.query ? quantize_per_block<kBF16, kHeadDim, kBlocks.q>(a, j.in, j.out, j.scale, j.seqlen, j.heads,
-                                                                     j.hadamard, signs, stream)
-                    : quantize_per_block<kBF16, kHeadDim, kBlocks.kv>(a, j.in, j.out, j.scale, j.seqlen, j.heads,
-                                                                      j.hadamard, signs, stream);
-      if (err != cudaSuccess) return err;
-    }
-    return cudaSuccess;
+  switch (a.granularity) {
+    case ScaleGranularity::kPerBlock:
+      for (Job const& j : jobs) {
+        if (j.seqlen == 0) continue;
+        err = j.query ? quantize_per_block<kBF16, kHeadDim, kBlocks.q>(a, tensor(j, kBlocks.q), j.hadamard, stream)
+                      : quantize_per_block<kBF16, kHeadDim, kBlocks.kv>(a, tensor(j, kBlocks.kv), j.hadamard, stream);
+        if (err != cudaSuccess) return err;
+      }
+      return cudaSuccess;
+    case ScaleGranularity::kPerHead:
+      for (Job const& j : jobs) {
+        if (j.seqlen == 0) continue;
+        err = quantize_per_head<kBF16, kHeadDim>(a, tensor(j, kTile), j.hadamard, stream);
+        if (err != cudaSuccess) return err;
+      }
+      return cudaSuccess;
+    default:
+      // The amax passes of Q, K, V, then the quantization passes in the
+      // other order (V's last tiles first: they may still be in L2).
+      for (Job const& j : jobs) {
+        if (j.seqlen == 0) continue;
+        if ((err = cudaMemsetAsync(j.scale, 0, sizeof(float), stream)) != cudaSuccess) return err;
+        err = quantize_pass<kBF16, kHeadDim, Pass::kAmax>(a, tensor(j, kTile), j.hadamard, stream);
+        if (err != cudaSuccess) return err;
+      }
+      for (int i = 2; i >= 0; --i) {
+        if (jobs[i].seqlen == 0) continue;
+        err = quantize_pass<kBF16, kHeadDim, Pass::kQuantize>(a, tensor(jobs[i], kTile), jobs[i].hadamard, stream);
+        if (err != cudaSuccess) return err;
+      }
+      return cudaSuccess;
   }
-  bool const per_head = a.granularity == ScaleGranularity::kPerHead;
-  for (Job const& j : jobs) {
-    if (j.seqlen == 0) continue;
-    size_t const count = per_head ? size_t(a.batch * j.heads) : 1;
-    if ((err = cudaMemsetAsync(j.scale, 0, count * sizeof(float), stream)) != cudaSuccess) return err;
-  }
-  for (Job const& j : jobs) {
-    if (j.seqlen == 0) continue;
-    err = quantize_pass<kBF16, kHeadDim, Pass::kAmax>(a, j.in, j.out, j.scale, j.seqlen, j.heads, j.hadamard, signs,
-                                                      stream);
-    if (err != cudaSuccess) return err;
-  }
-  for (Job const& j : jobs) {
-    if (j.seqlen == 0) continue;
-    err = quantize_pass<kBF16, kHeadDim, Pass::kQuantize>(a, j.in, j.out, j.scale, j.seqlen, j.heads, j.hadamard,
-                                                          signs, stream);
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
 }
 
 template <bool kBF16>
