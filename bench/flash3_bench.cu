@@ -122,6 +122,7 @@ struct Options {
   std::vector<Pass> passes = {Pass::kFwd};
   std::vector<int> head_dims = {64, 128, 256};
   std::vector<int64_t> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
+  bool shapes_given = false;  // --hdim or --seqlen on the command line
   std::vector<bool> causal = {false, true};
   DType dtype = DType::kBF16;
   int64_t total_tokens = 16384, hidden = 2048, gqa = 1;
@@ -152,7 +153,8 @@ void usage() {
       "  --deterministic        backward in deterministic mode\n"
       "  --ablation             paper Table 2: batch 4, seqlen 8448, 16 heads, hdim 128, each technique off\n"
       "  --fp8-accuracy         paper Table 3: RMSE of O, inputs N(0,1) + N(0,100) Bernoulli(0.001)\n"
-      "  --quant-bandwidth      quantize_fp8's bandwidth against a device-to-device copy\n"
+      "  --quant-bandwidth      quantize_fp8's bandwidth against a device-to-device copy (32k tokens,\n"
+      "                         hidden 2048; hdim 128 and seqlen 4096 unless --hdim / --seqlen)\n"
       "  --json FILE --csv FILE also write the results there\n");
 }
 
@@ -179,8 +181,8 @@ Options parse(int argc, char** argv) {
       else if (v == "fwd" || v == "bwd" || v == "fwd+bwd")
         o.passes = {v == "fwd" ? Pass::kFwd : v == "bwd" ? Pass::kBwd : Pass::kFwdBwd};
       else { std::fprintf(stderr, "--pass: fwd, bwd, fwd+bwd or all\n"); std::exit(2); }
-    } else if (a == "--hdim") o.head_dims = parse_list<int>(next());
-    else if (a == "--seqlen") o.seqlens = parse_list<int64_t>(next());
+    } else if (a == "--hdim") o.head_dims = parse_list<int>(next()), o.shapes_given = true;
+    else if (a == "--seqlen") o.seqlens = parse_list<int64_t>(next()), o.shapes_given = true;
     else if (a == "--causal") {
       std::string v = next();
       o.causal = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "1"};
@@ -398,7 +400,10 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
         flash3::reference::AttentionShape shape{c.batch, c.seqlen, c.seqlen, c.heads_q, c.heads_kv, d, 0.f, c.causal};
         // FP8: the reference sees the quantized inputs (dequantized).
         for (auto [buf, emulate] : {std::pair{ref, false}, std::pair{low, true}}) {
-          CHECK_CUDA(fp8 ? flash3::reference::attention_gpu_fp8(shape, a.q, a.k, a.v, a.fp8, buf, nullptr, emulate, nullptr)
+          using flash3::reference::Fp8Emulation;
+          CHECK_CUDA(fp8 ? flash3::reference::attention_gpu_fp8(shape, a.q, a.k, a.v, a.fp8, buf, nullptr,
+                                                                emulate ? Fp8Emulation::kFused : Fp8Emulation::kNone,
+                                                                nullptr)
                          : flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, buf, nullptr, emulate, nullptr));
         }
         check_tensor(chk, "O", o, int64_t(q_elems), int64_t(q_elems), ref, low, q_elems, bf16, 1e-5f);
@@ -519,14 +524,18 @@ flash3::ForwardArgs dense_args(DType dtype, int64_t batch, int64_t seqlen, int64
   return a;
 }
 
-// Sum of (a - ref)^2 over n elements of a dense 16-bit tensor.
-__global__ void squared_error(uint16_t const* a, float const* ref, size_t n, bool bf16, double* out) {
+__device__ float value(uint16_t bits, bool bf16) {
+  return bf16 ? __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&bits))
+              : __half2float(*reinterpret_cast<__half*>(&bits));
+}
+__device__ float value(float x, bool) { return x; }
+
+// Sum of (a - ref)^2 over n elements of a dense 16-bit (or float) tensor.
+template <class T>
+__global__ void squared_error(T const* a, float const* ref, size_t n, bool bf16, double* out) {
   double sum = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint16_t bits = a[i];
-    float const x = bf16 ? __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&bits))
-                         : __half2float(*reinterpret_cast<__half*>(&bits));
-    double const e = double(x) - double(ref[i]);
+    double const e = double(value(a[i], bf16)) - double(ref[i]);
     sum += e * e;
   }
   atomicAdd(out, sum);
@@ -534,22 +543,26 @@ __global__ void squared_error(uint16_t const* a, float const* ref, size_t n, boo
 
 // Paper Table 3: the RMSE of O on inputs with outliers, N(0, 1) + N(0, 100) *
 // Bernoulli(0.001), batch 2, seqlen 4096, 16 heads, against the float32
-// reference on the same 16-bit draws: BF16 and FP16 kernels, and FP8 with
-// and without block scales and incoherent processing.
+// reference on the same 16-bit draws: BF16 and FP16 kernels, FP8 with and
+// without block scales and incoherent processing, and the paper's baselines,
+// standard attention in fp16 and in FP8 (per-tensor scales, softmax in fp16),
+// computed by the reference (emulate_low_precision, Fp8Emulation::kStandard).
 int run_fp8_accuracy() {
   int64_t const batch = 2, seqlen = 4096, heads = 16;
-  std::printf("\n| hdim | method | RMSE of O | vs FP8 per-tensor |\n|---|---|---|---|\n");
+  std::printf("\n| hdim | method | RMSE of O | vs flash3 per-tensor | vs standard FP8 (paper's baseline) |\n"
+              "|---|---|---|---|---|\n");
   bool ok = true;
   for (int d : {128, 256}) {
     size_t const n = size_t(batch * seqlen * heads * d);
     uint16_t *q, *k, *v, *o;
-    float* ref;
+    float *ref, *standard;
     double* sum;
     CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&q), n * 2));
     CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&k), n * 2));
     CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&v), n * 2));
     CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&o), n * 2));
     CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), n * 4));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&standard), n * 4));
     CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&sum), 8));
     struct Method {
       char const* name;
@@ -557,56 +570,78 @@ int run_fp8_accuracy() {
       bool fp8;
       flash3::ScaleGranularity granularity;
       bool hadamard;
+      bool standard;  // the reference's standard FP8 attention instead of flash3's kernel
     };
     using G = flash3::ScaleGranularity;
-    Method const methods[] = {{"bf16", DType::kBF16, false, G::kPerTensor, false},
-                              {"fp16", DType::kFP16, false, G::kPerTensor, false},
-                              {"e4m3 per-tensor (baseline)", DType::kBF16, true, G::kPerTensor, false},
-                              {"e4m3 per-block + hadamard (flash3)", DType::kBF16, true, G::kPerBlock, true},
-                              {"e4m3 per-tensor + hadamard (no block quantization)", DType::kBF16, true, G::kPerTensor, true},
-                              {"e4m3 per-block (no incoherent processing)", DType::kBF16, true, G::kPerBlock, false}};
-    double baseline = 0;
+    Method const methods[] = {
+        {"bf16", DType::kBF16, false, G::kPerTensor, false, false},
+        {"fp16", DType::kFP16, false, G::kPerTensor, false, false},
+        {"fp16 standard attention (paper's FP16 baseline)", DType::kFP16, false, G::kPerTensor, false, true},
+        {"e4m3 standard attention, per-tensor, fp16 softmax (paper's baseline)", DType::kBF16, true, G::kPerTensor,
+         false, true},
+        {"e4m3 per-tensor (flash3 baseline)", DType::kBF16, true, G::kPerTensor, false, false},
+        {"e4m3 per-block + hadamard (flash3)", DType::kBF16, true, G::kPerBlock, true, false},
+        {"e4m3 per-tensor + hadamard (no block quantization)", DType::kBF16, true, G::kPerTensor, true, false},
+        {"e4m3 per-block (no incoherent processing)", DType::kBF16, true, G::kPerBlock, false, false}};
+    double flash3_baseline = 0, standard_baseline = 0;
     for (Method const& m : methods) {
       bool const bf16 = m.draws == DType::kBF16;
       fill_normal<<<1024, 256>>>(q, n, 11, bf16, true);
       fill_normal<<<1024, 256>>>(k, n, 22, bf16, true);
       fill_normal<<<1024, 256>>>(v, n, 33, bf16, true);
       CHECK_CUDA(cudaMemset(o, 0xff, n * 2));
+      CHECK_CUDA(cudaMemset(standard, 0xff, n * 4));
       flash3::ForwardArgs a = dense_args(m.draws, batch, seqlen, heads, d, q, k, v, o);
       flash3::reference::AttentionShape shape{batch, seqlen, seqlen, heads, heads, d, 0.f, false};
       CHECK_CUDA(flash3::reference::attention_gpu(shape, m.draws, a.q, a.k, a.v, ref, nullptr, false, nullptr));
       Fp8Inputs inputs;
       flash3::Status s = m.fp8 ? inputs.quantize(a, m.granularity, m.hadamard) : flash3::Status();
-      if (s.ok()) s = flash3::forward(a, nullptr);
+      if (s.ok() && m.standard) {
+        CHECK_CUDA(m.fp8 ? flash3::reference::attention_gpu_fp8(shape, a.q, a.k, a.v, a.fp8, standard, nullptr,
+                                                                flash3::reference::Fp8Emulation::kStandard, nullptr)
+                         : flash3::reference::attention_gpu(shape, m.draws, a.q, a.k, a.v, standard, nullptr,
+                                                            true, nullptr));
+      } else if (s.ok()) {
+        s = flash3::forward(a, nullptr);
+      }
       if (!s.ok()) {
-        std::printf("| %d | %s | FAIL: %s | |\n", d, m.name, s.message().c_str());
+        std::printf("| %d | %s | FAIL: %s | | |\n", d, m.name, s.message().c_str());
         ok = false;
         continue;
       }
       CHECK_CUDA(cudaMemset(sum, 0, 8));
-      squared_error<<<1024, 256>>>(o, ref, n, bf16, sum);
+      if (m.standard) {
+        squared_error<<<1024, 256>>>(standard, ref, n, bf16, sum);
+      } else {
+        squared_error<<<1024, 256>>>(o, ref, n, bf16, sum);
+      }
       double h_sum;
       CHECK_CUDA(cudaMemcpy(&h_sum, sum, 8, cudaMemcpyDeviceToHost));
       double const rmse = std::sqrt(h_sum / double(n));
-      if (m.fp8 && m.granularity == G::kPerTensor && !m.hadamard) baseline = rmse;
+      if (m.fp8 && m.standard) standard_baseline = rmse;
+      if (m.fp8 && !m.standard && m.granularity == G::kPerTensor && !m.hadamard) flash3_baseline = rmse;
       ok &= std::isfinite(rmse);
-      if (baseline > 0 && m.fp8) {
-        std::printf("| %d | %s | %.2e | %.2fx lower |\n", d, m.name, rmse, baseline / rmse);
-      } else {
-        std::printf("| %d | %s | %.2e | |\n", d, m.name, rmse);
-      }
+      auto ratio = [&](double baseline) {
+        char buf[32] = "";
+        if (m.fp8 && baseline > 0) std::snprintf(buf, sizeof buf, "%.2fx lower", baseline / rmse);
+        return std::string(buf);
+      };
+      std::printf("| %d | %s | %.2e | %s | %s |\n", d, m.name, rmse, ratio(flash3_baseline).c_str(),
+                  ratio(standard_baseline).c_str());
     }
-    for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)ref, (void*)sum}) cudaFree(p);
+    for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)ref, (void*)standard, (void*)sum}) cudaFree(p);
   }
   return ok ? 0 : 1;
 }
 
 // quantize_fp8 is memory-bound: its bytes moved (16-bit reads, e4m3 writes)
 // per second, against a device-to-device copy's (reads + writes) on the same
-// device.
-int run_quant_bandwidth(int reps) {
-  int64_t const batch = 8, seqlen = 4096, heads = 16, d = 128;
-  size_t const n = size_t(batch * seqlen * heads * d);
+// device. 32k tokens of hidden 2048: 128 MB per bf16 tensor, well over L2.
+int run_quant_bandwidth(Options const& opt) {
+  int64_t const tokens = 32768, hidden = 2048;
+  std::vector<int> const head_dims = opt.shapes_given ? opt.head_dims : std::vector<int>{128};
+  std::vector<int64_t> const seqlens = opt.shapes_given ? opt.seqlens : std::vector<int64_t>{4096};
+  size_t const n = size_t(tokens * hidden);
   uint16_t *q, *k, *v;
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&q), n * 2));
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&k), n * 2));
@@ -620,7 +655,7 @@ int run_quant_bandwidth(int reps) {
   auto median_ms = [&](auto&& f) {
     for (int i = 0; i < 3; ++i) f();
     std::vector<float> t;
-    for (int i = 0; i < reps; ++i) {
+    for (int i = 0; i < opt.reps; ++i) {
       CHECK_CUDA(cudaEventRecord(start));
       f();
       CHECK_CUDA(cudaEventRecord(stop));
@@ -639,25 +674,37 @@ int run_quant_bandwidth(int reps) {
     for (uint16_t* src : {q, k, v}) CHECK_CUDA(cudaMemcpyAsync(dst, src, n * 2, cudaMemcpyDeviceToDevice));
   });
   double const copy_gbs = 3.0 * 2 * (n * 2) / (copy_ms * 1e-3) / 1e9;
-  std::printf("\nquantize_fp8: batch %lld, seqlen %lld, heads %lld, hdim %lld, Q, K and V (bf16 -> e4m3)\n",
-              (long long)batch, (long long)seqlen, (long long)heads, (long long)d);
-  std::printf("\n| granularity | hadamard | ms | GB/s | vs copy (%.0f GB/s) |\n|---|---|---|---|---|\n", copy_gbs);
+  std::printf("\nquantize_fp8: %lld tokens, hidden %lld, Q, K and V (bf16 -> e4m3)\n", (long long)tokens,
+              (long long)hidden);
+  std::printf("\n| hdim | seqlen | granularity | hadamard | ms | GB/s | vs copy (%.0f GB/s) |\n"
+              "|---|---|---|---|---|---|---|\n",
+              copy_gbs);
   bool ok = true;
   using G = flash3::ScaleGranularity;
-  for (G g : {G::kPerTensor, G::kPerHead, G::kPerBlock}) {
-    for (bool hadamard : {false, true}) {
-      flash3::ForwardArgs a = dense_args(DType::kBF16, batch, seqlen, heads, d, q, k, v, nullptr);
-      Fp8Inputs inputs;
-      flash3::Status s = inputs.quantize(a, g, hadamard);
-      char const* name = g == G::kPerTensor ? "tensor" : g == G::kPerHead ? "head" : "block";
-      if (!s.ok()) {
-        std::printf("| %s | %s | FAIL: %s | | |\n", name, hadamard ? "yes" : "no", s.message().c_str());
-        ok = false;
-        continue;
+  for (int d : head_dims) {
+    for (int64_t seqlen : seqlens) {
+      int64_t const batch = std::max<int64_t>(1, tokens / seqlen), heads = hidden / d;
+      for (G g : {G::kPerTensor, G::kPerHead, G::kPerBlock}) {
+        for (bool hadamard : {false, true}) {
+          flash3::ForwardArgs a = dense_args(DType::kBF16, batch, seqlen, heads, d, q, k, v, nullptr);
+          Fp8Inputs inputs;
+          flash3::Status s = seqlen <= tokens ? inputs.quantize(a, g, hadamard)
+                                              : flash3::Status(flash3::Status::Code::kInvalidArgument,
+                                                               "--seqlen: at most 32768 here");
+          char const* name = g == G::kPerTensor ? "tensor" : g == G::kPerHead ? "head" : "block";
+          if (!s.ok()) {
+            std::printf("| %d | %lld | %s | %s | FAIL: %s | | |\n", d, (long long)seqlen, name, hadamard ? "yes" : "no",
+                        s.message().c_str());
+            ok = false;
+            continue;
+          }
+          double const ms = median_ms([&] { flash3::quantize_fp8(inputs.qa, nullptr); });
+          double const bytes = 3.0 * double(batch * seqlen * heads * d) * 3;  // 2 read + 1 written per element
+          double const gbs = bytes / (ms * 1e-3) / 1e9;
+          std::printf("| %d | %lld | %s | %s | %.3f | %.0f | %.2f |\n", d, (long long)seqlen, name,
+                      hadamard ? "yes" : "no", ms, gbs, gbs / copy_gbs);
+        }
       }
-      double const ms = median_ms([&] { flash3::quantize_fp8(inputs.qa, nullptr); });
-      double const gbs = 3.0 * (n * 2 + n) / (ms * 1e-3) / 1e9;
-      std::printf("| %s | %s | %.3f | %.0f | %.2f |\n", name, hadamard ? "yes" : "no", ms, gbs, gbs / copy_gbs);
     }
   }
   for (void* p : {(void*)q, (void*)k, (void*)v, (void*)dst}) cudaFree(p);
@@ -677,7 +724,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
   if (opt.fp8_accuracy) return run_fp8_accuracy();
-  if (opt.quant_bandwidth) return run_quant_bandwidth(opt.reps);
+  if (opt.quant_bandwidth) return run_quant_bandwidth(opt);
 
   std::vector<Config> configs;
   if (opt.ablation) {

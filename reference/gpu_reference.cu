@@ -78,6 +78,7 @@ struct Params {
   float scale;
   bool causal;
   bool emulate;
+  bool standard_fp8;  // Fp8Emulation::kStandard (with emulate)
   bool out_bf16;  // O's rounding when emulating
   // FP8 descale factors (data == nullptr: 1) and their row blocks.
   flash3::ScaleView q_scale, k_scale, v_scale;
@@ -138,7 +139,8 @@ __device__ void scores(float (&s)[kRowsPerWarp], const float* q_t, const float* 
     const bool visible =
         row < p.seqlen_q && j < p.seqlen_k && (!p.causal || j <= row + p.seqlen_k - p.seqlen_q);
     const float x = s[i] * p.scale;
-    s[i] = visible ? (p.emulate ? Precision<T>::round_s(x) : x) : -INFINITY;
+    const float rounded = p.standard_fp8 ? round_half(x) : Precision<T>::round_s(x);
+    s[i] = visible ? (p.emulate ? rounded : x) : -INFINITY;
   }
 }
 
@@ -212,6 +214,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
         prob[i] = 0.0f;
       } else if (!p.emulate) {
         prob[i] = expf(s[i] - row_max[i]) / row_sum[i];
+      } else if (p.standard_fp8) {
+        constexpr float kPScale = 448.0f;  // e4m3's largest finite value over P's bound, 1
+        const float p_half = round_half(expf(s[i] - row_max[i]) / row_sum[i]);
+        prob[i] = float(__nv_fp8_e4m3(p_half * kPScale)) / kPScale;
       } else if (Precision<T>::kRoundsNormalizedP) {
         prob[i] = Precision<T>::round_p(expf(s[i] - row_max[i]) / row_sum[i]);
       } else {
@@ -280,7 +286,7 @@ namespace {
 
 cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q, flash3::ConstTensor k,
                 flash3::ConstTensor v, const flash3::Fp8Scales* fp8, float* o, float* lse,
-                bool emulate_low_precision, cudaStream_t stream) {
+                bool emulate_low_precision, bool standard_fp8, cudaStream_t stream) {
   if (!is_valid(shape) || q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1) return cudaErrorInvalidValue;
   if (shape.batch == 0 || shape.seqlen_q == 0) return cudaSuccess;
   if (!q.data || !o || (shape.seqlen_k > 0 && (!k.data || !v.data))) return cudaErrorInvalidValue;
@@ -319,6 +325,7 @@ cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstT
   p.scale = float(effective_scale(shape));
   p.causal = shape.causal;
   p.emulate = emulate_low_precision;
+  p.standard_fp8 = standard_fp8;
   p.out_bf16 = dtype == flash3::DType::kBF16;
   p.q_block = p.kv_block = 1;
   if (fp8 != nullptr) {
@@ -347,14 +354,15 @@ cudaError_t attention_gpu(const AttentionShape& shape, flash3::DType dtype, flas
                           flash3::ConstTensor k, flash3::ConstTensor v, float* o, float* lse,
                           bool emulate_low_precision, cudaStream_t stream) {
   if (dtype != flash3::DType::kBF16 && dtype != flash3::DType::kFP16) return cudaErrorInvalidValue;
-  return run(shape, dtype, q, k, v, nullptr, o, lse, emulate_low_precision, stream);
+  return run(shape, dtype, q, k, v, nullptr, o, lse, emulate_low_precision, false, stream);
 }
 
 cudaError_t attention_gpu_fp8(const AttentionShape& shape, flash3::ConstTensor q, flash3::ConstTensor k,
                               flash3::ConstTensor v, const flash3::Fp8Scales& scales, float* o, float* lse,
-                              bool emulate_low_precision, cudaStream_t stream) {
+                              Fp8Emulation emulation, cudaStream_t stream) {
   if (scales.out_dtype != flash3::DType::kBF16 && scales.out_dtype != flash3::DType::kFP16) return cudaErrorInvalidValue;
-  return run(shape, flash3::DType::kE4M3, q, k, v, &scales, o, lse, emulate_low_precision, stream);
+  return run(shape, flash3::DType::kE4M3, q, k, v, &scales, o, lse, emulation != Fp8Emulation::kNone,
+             emulation == Fp8Emulation::kStandard, stream);
 }
 
 }  // namespace flash3::reference

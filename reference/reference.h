@@ -84,14 +84,24 @@ cudaError_t attention_gpu(const AttentionShape& shape, flash3::DType dtype, flas
                           flash3::ConstTensor k, flash3::ConstTensor v, float* o, float* lse,
                           bool emulate_low_precision, cudaStream_t stream);
 
+// How attention_gpu_fp8 rounds, beyond the dequantized inputs.
+enum class Fp8Emulation {
+  kNone,   // everything float32
+  kFused,  // a fused FP8 kernel (flash3's, FlashAttention-3's): S in float32,
+           // the unnormalized P = exp(S - max) rounded to e4m3 before P V, O
+           // rounded to scales.out_dtype
+  kStandard,  // the FP8 baseline of the paper's Table 3, standard attention
+              // with per-tensor scaling: S and the normalized P held in fp16
+              // between the GEMMs, P quantized to e4m3 with its per-tensor
+              // scale (P <= 1, so 1 / 448) for the P V GEMM, O rounded
+};
+
 // attention_gpu for FP8 (e4m3) inputs q, k, v with their descale factors
 // (flash3.h's Fp8Scales; per-block scales by fp8_block_sizes(head_dim)):
-// the dequantized inputs' attention in float32. emulate_low_precision models
-// a straightforward FP8 implementation: S in float32, the normalized P
-// rounded to e4m3 before P V, O rounded to scales.out_dtype.
+// the dequantized inputs' attention in float32, rounded as `emulation` says.
 cudaError_t attention_gpu_fp8(const AttentionShape& shape, flash3::ConstTensor q, flash3::ConstTensor k,
                               flash3::ConstTensor v, const flash3::Fp8Scales& scales, float* o, float* lse,
-                              bool emulate_low_precision, cudaStream_t stream);
+                              Fp8Emulation emulation, cudaStream_t stream);
 
 // attention_cpu's backward on the GPU with float32 accumulation, for any shape
 // (head_dim up to 512). q, k, v, dout: device tensors in dtype described as in

@@ -32,6 +32,7 @@ namespace {
 using flash3::DType;
 using flash3::ScaleGranularity;
 using flash3::reference::AttentionShape;
+using flash3::reference::Fp8Emulation;
 using flash3::testing::DeviceBuffer;
 using flash3::testing::from_bits;
 
@@ -191,8 +192,10 @@ void run_fp8_case(Fp8Case const& c, uint32_t seed) {
   CUDA_OK(cudaDeviceSynchronize());
 
   AttentionShape shape{c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, d, 0.f, c.causal};
-  CUDA_OK(flash3::reference::attention_gpu_fp8(shape, a.q, a.k, a.v, a.fp8, ref_o.ptr, ref_lse.ptr, false, nullptr));
-  CUDA_OK(flash3::reference::attention_gpu_fp8(shape, a.q, a.k, a.v, a.fp8, low_o.ptr, nullptr, true, nullptr));
+  CUDA_OK(flash3::reference::attention_gpu_fp8(shape, a.q, a.k, a.v, a.fp8, ref_o.ptr, ref_lse.ptr,
+                                                Fp8Emulation::kNone, nullptr));
+  CUDA_OK(flash3::reference::attention_gpu_fp8(shape, a.q, a.k, a.v, a.fp8, low_o.ptr, nullptr,
+                                                Fp8Emulation::kFused, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
 
   std::vector<uint16_t> h_o(q_elems);
