@@ -1,6 +1,8 @@
 // The forward epilogue (Algorithm 1, line 25): O from registers to shared
-// memory (stmatrix), then to global memory by one TMA store; the LSE straight
-// from registers. Rows past seqlen_q are clipped by the TMA store's bounds.
+// memory (stmatrix), then to global memory by TMA stores, in one piece or,
+// where shared memory holds only half of it, in two column halves; the LSE
+// straight from registers. Rows past seqlen_q are clipped by the TMA store's
+// bounds.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -19,12 +21,14 @@ struct Epilogue {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kNumConsumerThreads = Traits::kNumConsumerThreads;
   using TileShapePV = typename Traits::TileShapePV;
+  using TileShapeOChunk = typename Traits::TileShapeOChunk;
+  static constexpr int kOChunks = Traits::kOChunks;
   using SmemLayoutO = typename Traits::SmemLayoutO;
   using SharedStorage = typename Traits::SharedStorage;
 
   using GmemShape = typename Traits::GmemShape;
   using GmemTensor = typename Traits::template GmemTensor<Element>;
-  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutO{}, select<0, 1>(TileShapePV{}), _1{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutO{}, TileShapeOChunk{}, _1{}));
 
   struct Params {
     TmaO tma_o;
@@ -35,8 +39,8 @@ struct Epilogue {
   };
 
   static Params make_params(GmemTensor const& o, float* lse, int seqlen_q, int num_heads) {
-    return {make_tma_copy(SM90_TMA_STORE{}, o, SmemLayoutO{}, select<0, 1>(TileShapePV{}), _1{}), o.shape(), lse,
-            seqlen_q, num_heads};
+    return {make_tma_copy(SM90_TMA_STORE{}, o, SmemLayoutO{}, TileShapeOChunk{}, _1{}), o.shape(), lse, seqlen_q,
+            num_heads};
   }
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -62,40 +66,34 @@ struct Epilogue {
   CUTE_DEVICE static void store(Params const& p, SharedStorage& smem, FragO const& tOrO, float const (&lse)[kRows],
                                 TileCoord tile) {
     int const thread_idx = consumer_thread_idx();
-    // With Traits::kSeparateSmemO false, qo.o shares Q's bytes.
-    Tensor sO = make_tensor(make_smem_ptr(smem.qo.o.data()), SmemLayoutO{});
+    Tensor sO = make_tensor(make_smem_ptr(smem.o.data()), SmemLayoutO{});
     Tensor rO = convert_fragment<Element>(tOrO);
-    auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::TiledMmaPV{});
+    auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::TiledMmaOChunk{});
     auto thr_r2s = r2s.get_thread_slice(thread_idx);
-    Tensor src = thr_r2s.retile_S(rO);
     Tensor dst = thr_r2s.partition_D(sO);
+    Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
+    Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), TileShapeOChunk{}, make_coord(tile.m_block, _));
+    auto tma_o = p.tma_o.get_slice(_0{});
 
-    // The buffer is free once the previous tile's store has read it (and,
-    // when it is Q's buffer, once every consumer warpgroup is past its last
-    // QK^T, which this barrier also guarantees).
-    if (thread_idx == 0) tma_store_wait<0>();
-    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
-    copy(r2s, src, dst);
-    // stmatrix writes go through the generic proxy; the TMA store reads
-    // through the async proxy.
-    cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
-
-    if (thread_idx == 0) {
-      Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
-      Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), select<0, 1>(TileShapePV{}), make_coord(tile.m_block, _0{}));
-      auto tma_o = p.tma_o.get_slice(_0{});
-      copy(p.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO));
-      tma_store_arrive();
-    }
-    if constexpr (!Traits::kSeparateSmemO && Traits::kWarpSpecialized) {
-      // Q's next tile may land in this buffer once the store has read it.
-      if (thread_idx < cutlass::NumThreadsPerWarp) {
-        if (thread_idx == 0) tma_store_wait<0>();
-        __syncwarp();
-        cutlass::arch::NamedBarrier::arrive(2 * cutlass::NumThreadsPerWarp, uint32_t(Barrier::kQueryEmpty));
+    for_each(make_int_sequence<kOChunks>{}, [&](auto chunk) {
+      // This chunk's slice of the thread's O fragment, as an O-chunk-wide
+      // accumulator (the fragment holds its column groups outermost).
+      Tensor rO_chunk = make_tensor(rO.data() + chunk * (size(rO) / kOChunks),
+                                    partition_fragment_C(typename Traits::TiledMmaOChunk{}, TileShapeOChunk{}).layout());
+      Tensor src = thr_r2s.retile_S(rO_chunk);
+      // The buffer is free once the previous store has read it.
+      if (thread_idx == 0) tma_store_wait<0>();
+      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
+      copy(r2s, src, dst);
+      // stmatrix writes go through the generic proxy; the TMA store reads
+      // through the async proxy.
+      cutlass::arch::fence_view_async_shared();
+      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
+      if (thread_idx == 0) {
+        copy(p.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO(_, _, chunk)));
+        tma_store_arrive();
       }
-    }
+    });
 
     if (p.lse != nullptr) {
       // The four threads of a quad hold the same rows; the first writes.

@@ -223,11 +223,7 @@ struct Kernel {
         typename MainloopT::template Loads<PipelineV> const loads{params.mainloop, smem, pipeline_k, pipeline_v,
                                                                   write_k,         write_v, tile,    true};
         if constexpr (!Traits::kWarpSpecialized) {
-          if (thread_idx == 0) {
-            // O's store must have read the buffer Q shares with it.
-            if constexpr (!Traits::kSeparateSmemO) tma_store_wait<0>();
-            MainloopT::load_first_blocks(loads, range);
-          }
+          if (thread_idx == 0) MainloopT::load_first_blocks(loads, range);
           __syncwarp();
         }
         auto load_ahead = [&](int n_block) {

@@ -110,7 +110,7 @@ struct Mainloop {
       if (!leader) return;
       Tensor gQ = local_tile(p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, tile.batch),
                              select<0, 2>(TileShapeQK{}), make_coord(tile.m_block, _0{}));
-      Tensor sQ = make_tensor(make_smem_ptr(smem.qo.q.data()), SmemLayoutQ{});
+      Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
       auto tma = p.tma_q.get_slice(_0{});
       // The barrier's arrive publishes Q's descale with Q's bytes.
       if constexpr (Traits::kFp8) smem.q_descale = p.q_scale(tile.batch, tile.head, tile.m_block);
@@ -179,11 +179,8 @@ struct Mainloop {
     if (n_block - Traits::kStages + 2 >= range.n_block_min) loads.v(n_block - Traits::kStages + 2);
   }
 
-  // Consumer threads that arrive at kQueryEmpty: all of them when O has its
-  // own buffer (they arrive once their last QK^T is done), else one warp,
-  // after O's store has read the buffer Q shares with it.
-  static constexpr int kQueryEmptyThreads =
-      Traits::kSeparateSmemO ? kNumConsumerThreads : cutlass::NumThreadsPerWarp;
+  // Every consumer thread arrives at kQueryEmpty once its last QK^T is done.
+  static constexpr int kQueryEmptyThreads = kNumConsumerThreads;
 
   // --------------------------------------------------------------- consumer
   // Pingpong (§3.1): warpgroup w waits for its turn before issuing GEMMs and
@@ -227,7 +224,7 @@ struct Mainloop {
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(thread_idx);
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(thread_idx);
 
-    Tensor sQ = make_tensor(make_smem_ptr(smem.qo.q.data()), SmemLayoutQ{});
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(smem_vt(smem)), SmemLayoutVt{});
     Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ);
@@ -396,10 +393,10 @@ struct Mainloop {
     }
   }
 
-  // With a separate O buffer, Q's buffer is free once this thread's last
-  // QK^T has completed (without a producer, the next tile's start says so).
+  // Q's buffer is free once this thread's last QK^T has completed (without
+  // a producer, the next tile's start says so).
   CUTE_DEVICE static void query_done() {
-    if constexpr (Traits::kSeparateSmemO && Traits::kWarpSpecialized) {
+    if constexpr (Traits::kWarpSpecialized) {
       cutlass::arch::NamedBarrier::arrive(kQueryEmptyThreads + cutlass::NumThreadsPerWarp,
                                           uint32_t(Barrier::kQueryEmpty));
     }

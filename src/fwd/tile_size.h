@@ -9,7 +9,7 @@
 //    thread bound it. FP8's P takes half of BF16's registers but its PV GEMM
 //    reads P in k-steps of 32, so N stays a multiple of 32.
 //  - shared memory holds Q (M x d), kStages of K and V (N x d each) and O
-//    (M x d, aliasing Q when the sum would pass 227 KB).
+//    (M x d, or half of its columns when the whole would pass 227 KB).
 // docs/design.md records the measurements behind them.
 #pragma once
 

@@ -107,9 +107,29 @@ struct FwdTraits {
       kFp8, SmemLayoutK,
       decltype(composition(SmemLayoutVt{}, make_layout(Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{},
                                                        Stride<Int<kHeadDim>, _1, Int<kHeadDim * kBlockN>>{})))>;
+
+  static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr int kOBytes = kBlockM * kHeadDim * sizeof(ElementO);
+  static constexpr int kKVBytes = kStages * kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kSmemLimit = 227 * 1024;
+  // O leaves through its own shared-memory buffer and TMA stores, so that Q's
+  // buffer is free once the tile's last QK^T is done and the next tile's Q
+  // loads under the last PV GEMM and the epilogue. Where a whole O tile does
+  // not fit beside Q and the K/V stages (16-bit head dims 192 and 256, FP8
+  // 256), the buffer holds half of O's columns and the halves go out one
+  // after the other.
+  static constexpr int kOChunks = kQBytes + kOBytes + (kFp8 ? 3 : 2) * kKVBytes + 1024 <= kSmemLimit ? 1 : 2;
+  using OChunkWidth = Int<kHeadDim / kOChunks>;
+  using TileShapeOChunk = Shape<Int<kBlockM>, OChunkWidth>;
   using SmemLayoutO = decltype(tile_to_shape(
-      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, ElementO, Int<kBlockM>, Int<kHeadDim>>(),
-      Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, ElementO, Int<kBlockM>, OChunkWidth>(),
+      TileShapeOChunk{}));
+  // The accumulator layout of an O chunk: a thread's fragment of O holds its
+  // column groups outermost, so chunk c is the c-th contiguous slice of it.
+  using TiledMmaOChunk = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, OChunkWidth, Int<kBlockN>>, GMMA::Major::K,
+                           kMajorVt>(),
+      AtomLayout{}));
 
   using PipelineK = cutlass::PipelineTmaAsync<kStages>;
   // What the consumers wait on for V: its TMA load (BF16), or its transpose
@@ -118,29 +138,12 @@ struct FwdTraits {
   using PipelineVLoad = cutlass::PipelineTmaAsync<kStages>;
   using PipelineTile = cutlass::PipelineAsync<1>;  // producer -> consumers: which tile next
 
-  static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr int kOBytes = kBlockM * kHeadDim * sizeof(ElementO);
-  static constexpr int kKVBytes = kStages * kBlockN * kHeadDim * sizeof(Element);
-  static constexpr int kSmemLimit = 227 * 1024;
-  // O gets its own buffer when it fits: then the next tile's Q can load while
-  // this tile's O is being stored.
-  static constexpr bool kSeparateSmemO = kQBytes + kOBytes + (kFp8 ? 3 : 2) * kKVBytes + 1024 <= kSmemLimit;
-
-  using ArrayQ = cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024>;
-  using ArrayO = cute::array_aligned<ElementO, cosize_v<SmemLayoutO>, 1024>;
-  struct SeparateQO {
-    ArrayQ q;
-    ArrayO o;
-  };
-  union AliasedQO {
-    ArrayQ q;
-    ArrayO o;
-  };
   struct None {};
   using ArrayV = cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024>;
 
   struct SharedStorage {
-    std::conditional_t<kSeparateSmemO, SeparateQO, AliasedQO> qo;
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<ElementO, cosize_v<SmemLayoutO>, 1024> o;  // one chunk of O
     cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     ArrayV v;                                  // V as the TMA loads it
     std::conditional_t<kFp8, ArrayV, None> vt;  // FP8: V^T, as the PV GEMM reads it
