@@ -28,6 +28,8 @@
 // kPerHead (Pass::kPerHead): one kernel, a cluster per (batch, head) that
 // takes the head's amax, exchanges it through distributed shared memory and
 // quantizes; with few heads in flight their second reads are served by L2.
+// Tensors that can share the launch do (HeadJobs), so that its last,
+// partly filled wave of clusters comes once rather than once per tensor.
 //
 // Every float operation is the same in quantize_cpu (reference/), in the same
 // order (quant/hadamard.h holds the shared parts), so that the two agree bit
@@ -71,6 +73,14 @@ struct TensorParams {
   int64_t heads;
   int64_t tiles_per_head;  // tiles of the kernel (kFused: scale blocks) along the sequence of one (batch, head)
   uint64_t signs[4];       // bit i % 64 of signs[i / 64]: column i is negated (with kHadamard)
+};
+
+// kPerHead: up to three tensors in one launch, their (batch, head) clusters
+// one after the other, so that one launch's last wave, not three, runs short.
+struct HeadJobs {
+  TensorParams tensor[3];
+  int64_t first_cluster[4];  // tensor i's clusters are [first_cluster[i], first_cluster[i + 1])
+  int count;
 };
 
 // Rows a CTA owns: the scale block, or when kMaxThreads threads cannot hold
@@ -384,7 +394,7 @@ __global__ void __launch_bounds__(Config<kBF16, kHeadDim, kCtaRows, kCluster, kH
 template <bool kBF16, int kHeadDim, int kCtaRows, bool kHadamard>
 __global__ void __launch_bounds__(Config<kBF16, kHeadDim, kCtaRows, 1, kHadamard, Pass::kPerHead>::kThreads,
                                   Config<kBF16, kHeadDim, kCtaRows, 1, kHadamard, Pass::kPerHead>::kMinBlocks)
-    quantize_head_kernel(__grid_constant__ TensorParams const p) {
+    quantize_head_kernel(__grid_constant__ HeadJobs const jobs) {
   using Cfg = Config<kBF16, kHeadDim, kCtaRows, 1, kHadamard, Pass::kPerHead>;
   cg::cluster_group cluster = cg::this_cluster();
   int64_t const ctas = cluster.num_blocks();
@@ -392,7 +402,11 @@ __global__ void __launch_bounds__(Config<kBF16, kHeadDim, kCtaRows, 1, kHadamard
   int const tid = threadIdx.x;
   int const slot = tid % Cfg::kRowThreads;
   int const row_in_tile = tid / Cfg::kRowThreads;
-  int64_t const bh = blockIdx.x / ctas;
+  int64_t const cluster_idx = blockIdx.x / ctas;
+  int job = 0;
+  while (job + 1 < jobs.count && cluster_idx >= jobs.first_cluster[job + 1]) ++job;
+  TensorParams const& p = jobs.tensor[job];
+  int64_t const bh = cluster_idx - jobs.first_cluster[job];
   int64_t const h = bh % p.heads;
   int64_t const b = bh / p.heads;
   uint16_t const* const in = p.in + b * p.in_batch_stride + h * p.in_head_stride + slot * kVec;
@@ -423,7 +437,8 @@ __global__ void __launch_bounds__(Config<kBF16, kHeadDim, kCtaRows, 1, kHadamard
 }
 
 // `clusters` clusters of `cluster` CTAs of `threads` threads running `kernel`.
-cudaError_t launch(void (*kernel)(TensorParams), int threads, TensorParams const& p, int64_t clusters, int cluster,
+template <class KernelParams>
+cudaError_t launch(void (*kernel)(KernelParams), int threads, KernelParams const& p, int64_t clusters, int cluster,
                    cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(clusters * cluster));
@@ -491,16 +506,17 @@ cudaError_t quantize_pass(QuantizeArgs const& a, TensorParams const& p, bool had
                 kThreads, p, a.batch * p.heads * p.tiles_per_head, 1, stream);
 }
 
-// One tensor, per head: a cluster per (batch, head), of at most as many CTAs
-// as the head has tiles (which keeps quant/quantize.h's bound on the grid).
+// Tensors with one transform and one sequence length, per head: a cluster per
+// (batch, head), of at most as many CTAs as a head has tiles (which keeps
+// quant/quantize.h's bound on the grid).
 template <bool kBF16, int kHeadDim>
-cudaError_t quantize_per_head(QuantizeArgs const& a, TensorParams const& p, bool hadamard, cudaStream_t stream) {
+cudaError_t quantize_per_head(HeadJobs const& jobs, bool hadamard, cudaStream_t stream) {
   constexpr int kCtaRows = largest_tile(kHeadDim);
   constexpr int kThreads = Config<kBF16, kHeadDim, kCtaRows, 1, false, Pass::kPerHead>::kThreads;
-  int const cluster = int(std::min<int64_t>(kHeadCluster, p.tiles_per_head));
+  int const cluster = int(std::min<int64_t>(kHeadCluster, jobs.tensor[0].tiles_per_head));
   return launch(hadamard ? quantize_head_kernel<kBF16, kHeadDim, kCtaRows, true>
                          : quantize_head_kernel<kBF16, kHeadDim, kCtaRows, false>,
-                kThreads, p, a.batch * p.heads, cluster, stream);
+                kThreads, jobs, jobs.first_cluster[jobs.count], cluster, stream);
 }
 
 template <bool kBF16, int kHeadDim>
@@ -537,13 +553,35 @@ cudaError_t quantize_all(QuantizeArgs const& a, cudaStream_t stream) {
         if (err != cudaSuccess) return err;
       }
       return cudaSuccess;
-    case ScaleGranularity::kPerHead:
+    case ScaleGranularity::kPerHead: {
+      // Consecutive tensors with the same transform and as many tiles a head
+      // share a launch (without the transform and with seqlen_q == seqlen_k:
+      // all three).
+      HeadJobs group = {};
+      bool group_hadamard = false;
+      auto flush = [&]() {
+        cudaError_t const e = group.count > 0 ? quantize_per_head<kBF16, kHeadDim>(group, group_hadamard, stream)
+                                              : cudaSuccess;
+        group.count = 0;
+        return e;
+      };
       for (Job const& j : jobs) {
         if (j.seqlen == 0) continue;
-        err = quantize_per_head<kBF16, kHeadDim>(a, tensor(j, kTile), j.hadamard, stream);
-        if (err != cudaSuccess) return err;
+        TensorParams const t = tensor(j, kTile);
+        // One tensor's grid is below 2^31 (validate()); a group's must stay so.
+        int64_t const ctas = (group.first_cluster[group.count] + a.batch * j.heads) *
+                             std::min<int64_t>(kHeadCluster, t.tiles_per_head);
+        if (group.count > 0 && (j.hadamard != group_hadamard ||
+                                t.tiles_per_head != group.tensor[0].tiles_per_head || ctas > INT32_MAX)) {
+          if ((err = flush()) != cudaSuccess) return err;
+        }
+        group_hadamard = j.hadamard;
+        group.tensor[group.count] = t;
+        group.first_cluster[group.count + 1] = group.first_cluster[group.count] + a.batch * j.heads;
+        ++group.count;
       }
-      return cudaSuccess;
+      return flush();
+    }
     default:
       // The amax passes of Q, K, V, then the quantization passes in the
       // other order (V's last tiles first: they may still be in L2).

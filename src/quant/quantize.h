@@ -15,7 +15,8 @@ namespace flash3::quant {
 // batch * heads * (ceil(seqlen / kMinTileRows) + kMaxCluster - 1) CTAs (a
 // last scale block of kMaxCluster CTAs may have all but its first empty; the
 // per-head kernel's cluster has at most one CTA per tile), which validate()
-// keeps below 2^31 (the grid's x limit).
+// keeps below 2^31 (the grid's x limit); a per-head launch that takes several
+// tensors takes no more than fit below it.
 constexpr int64_t kMinTileRows = 32;
 constexpr int kMaxCluster = 2;
 
