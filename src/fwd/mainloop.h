@@ -146,7 +146,7 @@ struct Mainloop {
     // waiting for the consumers to free Q.
     if (!range.empty()) loads.k(n_block);
     if (tile_iteration > 0) {
-      cutlass::arch::NamedBarrier::sync(kQueryEmptyThreads + cutlass::NumThreadsPerWarp,
+      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads + cutlass::NumThreadsPerWarp,
                                         uint32_t(Barrier::kQueryEmpty));
     }
     loads.q();
@@ -178,9 +178,6 @@ struct Mainloop {
     if (n_block - Traits::kStages + 1 >= range.n_block_min) loads.k(n_block - Traits::kStages + 1);
     if (n_block - Traits::kStages + 2 >= range.n_block_min) loads.v(n_block - Traits::kStages + 2);
   }
-
-  // Every consumer thread arrives at kQueryEmpty once its last QK^T is done.
-  static constexpr int kQueryEmptyThreads = kNumConsumerThreads;
 
   // --------------------------------------------------------------- consumer
   // Pingpong (§3.1): warpgroup w waits for its turn before issuing GEMMs and
@@ -397,7 +394,7 @@ struct Mainloop {
   // a producer, the next tile's start says so).
   CUTE_DEVICE static void query_done() {
     if constexpr (Traits::kWarpSpecialized) {
-      cutlass::arch::NamedBarrier::arrive(kQueryEmptyThreads + cutlass::NumThreadsPerWarp,
+      cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads + cutlass::NumThreadsPerWarp,
                                           uint32_t(Barrier::kQueryEmpty));
     }
   }

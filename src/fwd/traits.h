@@ -84,10 +84,12 @@ struct FwdTraits {
   static constexpr GMMA::Major kMajorVt = kFp8 ? GMMA::Major::K : GMMA::Major::MN;
   using TiledMmaQK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(), AtomLayout{}));
-  using TiledMmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
-                           kMajorVt>(),
+  // O += P V over `Width` of O's columns (all of them, or a chunk of O).
+  template <class Width>
+  using TiledMmaPVOver = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Width, Int<kBlockN>>, GMMA::Major::K, kMajorVt>(),
       AtomLayout{}));
+  using TiledMmaPV = TiledMmaPVOver<Int<kHeadDim>>;
 
   using SmemLayoutQ = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>(),
@@ -126,10 +128,7 @@ struct FwdTraits {
       TileShapeOChunk{}));
   // The accumulator layout of an O chunk: a thread's fragment of O holds its
   // column groups outermost, so chunk c is the c-th contiguous slice of it.
-  using TiledMmaOChunk = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, OChunkWidth, Int<kBlockN>>, GMMA::Major::K,
-                           kMajorVt>(),
-      AtomLayout{}));
+  using TiledMmaOChunk = TiledMmaPVOver<OChunkWidth>;
 
   using PipelineK = cutlass::PipelineTmaAsync<kStages>;
   // What the consumers wait on for V: its TMA load (BF16), or its transpose
@@ -160,7 +159,7 @@ struct FwdTraits {
 
 // Named barriers (ids after CUTLASS's reserved ones).
 enum class Barrier : uint32_t {
-  kQueryEmpty = 0,   // consumers -> producer: Q's buffer may be overwritten
+  kQueryEmpty = 0,   // consumers (each after its last QK^T) -> producer: Q's buffer may be overwritten
   kEpilogue = 1,     // consumers: O is in shared memory / its buffer is free
   kPingpongWG0 = 2,  // consumer warpgroup w waits on kPingpongWG0 + w for its turn to issue GEMMs
   kTileStart = 5,    // without a producer: consumers past the previous tile / the next tile's index written
