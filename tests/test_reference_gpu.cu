@@ -2,6 +2,7 @@
 // inputs. Tests that need a device skip, with the reason, when there is none.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -320,6 +322,64 @@ TEST(ReferenceGpu, EmulationRoundsScoresAndProbabilities) {
   CUDA_OK(cudaMemcpy(got, o.ptr, sizeof got, cudaMemcpyDeviceToHost));
   EXPECT_NEAR(got[0], want, 1e-6f);
   EXPECT_NEAR(got[1], want, 1e-6f);
+}
+
+// The paper's FP8 baseline (Fp8Emulation::kStandard): S and the normalised P
+// in fp16, P times 448 in e4m3. Together the roundings move a probability by
+// at most 2^-4 of itself (e4m3's half spacing) plus a little (fp16's 2^-11, S's
+// fp16 error through exp), so O stays within (2^-4 + 2^-7) max|v| (plus O's
+// own rounding) of the float32 result; it must differ
+// from that result, and from the fused kernel's rounding (unnormalised P in
+// e4m3), or the baseline of the accuracy table would be a copy of another row.
+TEST(ReferenceGpu, StandardFp8RoundsScoresAndNormalizedProbabilities) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  using flash3::reference::Fp8Emulation;
+  const int64_t seqlen_q = 64, seqlen_k = 200, d = 64;
+  const size_t nq = size_t(seqlen_q * d), nk = size_t(seqlen_k * d);
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  // e4m3 draws of 32 N(0, 1), descale 1/32: per-tensor quantization of N(0, 1).
+  auto draw = [&](size_t n, float& max_abs) {
+    std::vector<uint8_t> bytes(n);
+    for (auto& b : bytes) {
+      const __nv_fp8_e4m3 x(32.f * normal(rng));
+      b = x.__x;
+      max_abs = std::max(max_abs, std::fabs(float(x)) / 32.f);
+    }
+    return bytes;
+  };
+  float unused = 0.f, v_max = 0.f;
+  const std::vector<uint8_t> hq = draw(nq, unused), hk = draw(nk, unused), hv = draw(nk, v_max);
+  DeviceBuffer<uint8_t> q(nq), k(nk), v(nk);
+  DeviceBuffer<float> scales(1), o_none(nq), o_fused(nq), o_standard(nq);
+  CUDA_OK(cudaMemcpy(q.ptr, hq.data(), nq, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(k.ptr, hk.data(), nk, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(v.ptr, hv.data(), nk, cudaMemcpyHostToDevice));
+  const float descale = 1.f / 32.f;
+  CUDA_OK(cudaMemcpy(scales.ptr, &descale, sizeof descale, cudaMemcpyHostToDevice));
+  const flash3::Fp8Scales fp8{flash3::ScaleGranularity::kPerTensor, scales.ptr, scales.ptr, scales.ptr, DType::kBF16};
+  const AttentionShape shape{1, seqlen_q, seqlen_k, 1, 1, d, 0.f, false};
+  std::vector<float> h_none(nq), h_fused(nq), h_standard(nq);
+  for (auto [emulation, out, host] : {std::tuple{Fp8Emulation::kNone, o_none.ptr, &h_none},
+                                      std::tuple{Fp8Emulation::kFused, o_fused.ptr, &h_fused},
+                                      std::tuple{Fp8Emulation::kStandard, o_standard.ptr, &h_standard}}) {
+    CUDA_OK(cudaMemset(out, 0xff, nq * sizeof(float)));  // NaN where nothing is written
+    CUDA_OK(flash3::reference::attention_gpu_fp8(shape, flash3::contiguous<const void*>(q.ptr, seqlen_q, 1, d),
+                                                 flash3::contiguous<const void*>(k.ptr, seqlen_k, 1, d),
+                                                 flash3::contiguous<const void*>(v.ptr, seqlen_k, 1, d), fp8, out,
+                                                 nullptr, emulation, nullptr));
+    CUDA_OK(cudaMemcpy(host->data(), out, nq * sizeof(float), cudaMemcpyDeviceToHost));
+  }
+  double moved = 0, apart = 0;
+  for (size_t i = 0; i < nq; ++i) {
+    ASSERT_TRUE(std::isfinite(h_standard[i])) << "O[" << i << "]";
+    const double bound = (0x1p-4 + 0x1p-7) * v_max + 0x1p-8 * std::fabs(h_none[i]) + 1e-6;
+    ASSERT_LE(std::fabs(h_standard[i] - h_none[i]), bound) << "O[" << i << "]";
+    moved = std::max(moved, std::fabs(double(h_standard[i]) - h_none[i]));
+    apart = std::max(apart, std::fabs(double(h_standard[i]) - h_fused[i]));
+  }
+  EXPECT_GT(moved, 1e-4) << "kStandard rounds nothing";
+  EXPECT_GT(apart, 1e-4) << "kStandard rounds as kFused does";
 }
 
 __global__ void fill_random_bf16(__nv_bfloat16* x, int64_t n) {
