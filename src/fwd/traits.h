@@ -129,6 +129,17 @@ struct FwdTraits {
   // The accumulator layout of an O chunk: a thread's fragment of O holds its
   // column groups outermost, so chunk c is the c-th contiguous slice of it.
   using TiledMmaOChunk = TiledMmaPVOver<OChunkWidth>;
+  // What the epilogue's slicing relies on: per warpgroup one GMMA atom spans
+  // all of O's columns (a chunk's, of the chunk's), so a thread's fragment is
+  // ((2, 2, columns / 8), 1, 1), compact, with its 8-column groups outermost.
+  template <class Width>
+  static constexpr bool kColumnGroupsOutermost = [] {
+    using Frag = decltype(partition_fragment_C(TiledMmaPVOver<Width>{}, Shape<Int<kBlockM>, Width>{}).layout());
+    return size<1>(Frag{}) == 1 && size<2>(Frag{}) == 1 && size<0, 2>(Frag{}) == Width::value / 8 &&
+           stride<0, 2>(Frag{}) == 4;
+  }();
+  static_assert(kColumnGroupsOutermost<Int<kHeadDim>> && kColumnGroupsOutermost<OChunkWidth>,
+                "O's chunks are not contiguous slices of a thread's O fragment");
 
   using PipelineK = cutlass::PipelineTmaAsync<kStages>;
   // What the consumers wait on for V: its TMA load (BF16), or its transpose
