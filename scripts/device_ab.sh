@@ -5,7 +5,8 @@
 # in build-exp/<variant> (all variants at once, the machine's cores shared),
 # then timed in interleaved rounds, so that the card's drift falls on all.
 #   scripts/device_ab.sh "<flash3-bench args>" variant ...
-# Environment: PATCHES (default exp), DTYPES and HDIMS (the narrowed build,
+# Environment: PATCHES (default exp, git-ignored scratch: name it in the
+# device tool's carry), DTYPES and HDIMS (the narrowed build,
 # default bf16 and 64;128;256), TARGETS (default flash3-bench), ROUNDS
 # (default 2), NOBENCH=1 to build only. Needs the CUTLASS headers carried at
 # build/_deps/nvidia-cutlass-4.2.0.0/cutlass_library/source/include.
