@@ -39,6 +39,8 @@ __device__ float round_half(float x) { return __half2float(__float2half_rn(x)); 
 // float32 (the GEMM's accumulator) and the unnormalized P = exp(S - max) is
 // rounded to e4m3 for the PV GEMM (normalized probabilities of long rows
 // would fall into e4m3's subnormals), O being divided by the row sum after.
+// As the fused kernels do, P is scaled by 2^8 for the rounding (exactly: a
+// power of two), so that probabilities down to 2^-14 stay normal numbers.
 template <>
 struct Precision<__nv_bfloat16> {
   static __device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -59,7 +61,8 @@ template <>
 struct Precision<__nv_fp8_e4m3> {
   static __device__ float to_float(__nv_fp8_e4m3 x) { return float(x); }
   static __device__ float round_s(float x) { return x; }
-  static __device__ float round_p(float x) { return float(__nv_fp8_e4m3(x)); }
+  static constexpr float kPScale = 256.0f;
+  static __device__ float round_p(float x) { return float(__nv_fp8_e4m3(x * kPScale)) / kPScale; }
   static constexpr bool kRoundsNormalizedP = false;
 };
 

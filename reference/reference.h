@@ -88,10 +88,9 @@ cudaError_t attention_gpu(const AttentionShape& shape, flash3::DType dtype, flas
 enum class Fp8Emulation {
   kNone,   // everything float32
   kFused,  // a fused FP8 kernel (flash3's, FlashAttention-3's): S in float32,
-           // the unnormalized P = exp(S - max) rounded to e4m3 before P V, O
-           // rounded to scales.out_dtype. Unlike those kernels it does not
-           // scale P by 2^8 before rounding, so its small probabilities fall
-           // into e4m3's subnormals sooner: a looser bound than theirs.
+           // the unnormalized P = exp(S - max), scaled by 2^8 as flash3's
+           // kernels scale it, rounded to e4m3 before P V, O rounded to
+           // scales.out_dtype
   kStandard,  // the FP8 baseline of the paper's Table 3, standard attention
               // with per-tensor scaling: S and the normalized P held in fp16
               // between the GEMMs, P quantized to e4m3 with its per-tensor
