@@ -244,17 +244,22 @@ INSTANTIATE_TEST_SUITE_P(All, Backward,
 // Head dim 256 adds its dQ in two chunks in this mode (with atomics otherwise).
 TEST(BackwardDeterministic, BitwiseEqualRuns) {
   SKIP_WITHOUT_CUDA_DEVICE();
+  std::string unsupported;  // what a narrowed build (FLASH3_HEAD_DIMS) lacks
   for (auto [d, causal] : {std::pair{128, false}, std::pair{128, true}, std::pair{256, false}, std::pair{256, true}}) {
     Case const c{DType::kBF16, d, causal, 2, 2000, 2000, 4, 2};
     SCOPED_TRACE(name(c));
     BackwardCase bc(c, 77);
     ASSERT_TRUE(bc.ok());
-    ASSERT_TRUE(bc.forward().ok());
+    flash3::Status s = bc.forward();
+    if (s.code() == flash3::Status::Code::kUnsupported) {
+      unsupported += s.message() + "; ";
+      continue;
+    }
+    ASSERT_TRUE(s.ok()) << s.message();
     flash3::BackwardArgs a = bc.args();
     a.deterministic = true;
     Grads first, second;
-    flash3::Status s = bc.backward(a, first);
-    if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
+    s = bc.backward(a, first);
     ASSERT_TRUE(s.ok()) << s.message();
     ASSERT_TRUE(bc.backward(a, second).ok());
     EXPECT_EQ(first.dq, second.dq);
@@ -262,6 +267,7 @@ TEST(BackwardDeterministic, BitwiseEqualRuns) {
     EXPECT_EQ(first.dv, second.dv);
     bc.check(first);
   }
+  if (!unsupported.empty()) GTEST_SKIP() << unsupported;
 }
 
 TEST(Backward, CallerWorkspace) {
@@ -269,14 +275,15 @@ TEST(Backward, CallerWorkspace) {
   Case const c{DType::kFP16, 64, true, 1, 500, 600, 4, 2};
   BackwardCase bc(c, 5);
   ASSERT_TRUE(bc.ok());
-  ASSERT_TRUE(bc.forward().ok());
+  flash3::Status s = bc.forward();
+  if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
+  ASSERT_TRUE(s.ok()) << s.message();
   flash3::BackwardArgs a = bc.args();
   DeviceBuffer<char> ws(flash3::backward_workspace_size(a));
   ASSERT_NE(ws.ptr, nullptr);
   a.workspace = ws.ptr;
   Grads run;
-  flash3::Status s = bc.backward(a, run);
-  if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
+  s = bc.backward(a, run);
   ASSERT_TRUE(s.ok()) << s.message();
   bc.check(run);
 }
