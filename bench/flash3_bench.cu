@@ -146,6 +146,7 @@ void usage() {
       "  --hadamard             FP8: incoherent processing of Q and K\n"
       "  --no-pingpong, --no-overlap, --no-ws   the sweep with that technique off (head dim 128;\n"
       "                         --no-ws: no warp specialization, bf16)\n"
+      "  --no-persistent        the sweep with a CTA per tile instead of one per SM (any head dim)\n"
       "  --tokens N --hidden N  total tokens (16384) and hidden size (2048), the paper's settings\n"
       "  --gqa R                query heads per K/V head (default 1)\n"
       "  --reps N               timed runs per shape, median reported (default 30)\n"
@@ -200,6 +201,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--no-pingpong") o.options.pingpong = false;
     else if (a == "--no-overlap") o.options.intra_warpgroup_overlap = false;
     else if (a == "--no-ws") o.options.warp_specialization = false;
+    else if (a == "--no-persistent") o.options.persistent = false;
     else if (a == "--fp8-accuracy") o.fp8_accuracy = true;
     else if (a == "--quant-bandwidth") o.quant_bandwidth = true;
     else if (a == "--tokens") o.total_tokens = std::stoll(next());
@@ -761,6 +763,7 @@ int main(int argc, char** argv) {
             if (!c.options.pingpong) c.variant = "no-pingpong";
             if (!c.options.intra_warpgroup_overlap) c.variant = "no-intra-wg-overlap";
             if (!c.options.warp_specialization) c.variant = "no-warp-specialization";
+            if (!c.options.persistent) c.variant = "no-persistent";
             c.hadamard = opt.hadamard;
             c.head_dim = d;
             c.causal = causal;
