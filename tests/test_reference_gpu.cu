@@ -382,6 +382,50 @@ TEST(ReferenceGpu, StandardFp8RoundsScoresAndNormalizedProbabilities) {
   EXPECT_GT(apart, 1e-4) << "kStandard rounds as kFused does";
 }
 
+// Fp8Emulation::kFused scales P by 2^8 before rounding it to e4m3, as the
+// kernels do. One row whose probabilities, but for the maximum, all equal
+// p = e^-5 = 0.0067: unscaled, p is an e4m3 subnormal and rounds to 3 * 2^-9
+// (13% low); scaled, 256 p = 1.725 rounds to 1.75 (1.4% high). With V = 0 at
+// the maximum's key and 1 elsewhere, O = n p' / (1 + n p) moves by that much.
+TEST(ReferenceGpu, FusedFp8ScalesProbabilitiesBeforeRounding) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  using flash3::reference::Fp8Emulation;
+  const int64_t seqlen_q = 4, seqlen_k = 200, d = 64;  // softmax scale 1/8
+  const size_t nq = size_t(seqlen_q * d), nk = size_t(seqlen_k * d);
+  const uint8_t zero = __nv_fp8_e4m3(0.f).__x, one = __nv_fp8_e4m3(1.f).__x;
+  std::vector<uint8_t> hq(nq, zero), hk(nk, zero), hv(nk, one);
+  for (int64_t i = 0; i < seqlen_q; ++i) hq[size_t(i * d)] = __nv_fp8_e4m3(4.f).__x;  // score 4 * 10 / 8 = 5 at key 0
+  hk[0] = __nv_fp8_e4m3(10.f).__x;
+  for (int64_t c = 0; c < d; ++c) hv[size_t(c)] = zero;
+  DeviceBuffer<uint8_t> q(nq), k(nk), v(nk);
+  DeviceBuffer<float> scales(1), o_none(nq), o_fused(nq);
+  CUDA_OK(cudaMemcpy(q.ptr, hq.data(), nq, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(k.ptr, hk.data(), nk, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(v.ptr, hv.data(), nk, cudaMemcpyHostToDevice));
+  const float descale = 1.f;
+  CUDA_OK(cudaMemcpy(scales.ptr, &descale, sizeof descale, cudaMemcpyHostToDevice));
+  const flash3::Fp8Scales fp8{flash3::ScaleGranularity::kPerTensor, scales.ptr, scales.ptr, scales.ptr, DType::kBF16};
+  const AttentionShape shape{1, seqlen_q, seqlen_k, 1, 1, d, 0.f, false};
+  std::vector<float> h_none(nq), h_fused(nq);
+  for (auto [emulation, out, host] : {std::tuple{Fp8Emulation::kNone, o_none.ptr, &h_none},
+                                      std::tuple{Fp8Emulation::kFused, o_fused.ptr, &h_fused}}) {
+    CUDA_OK(cudaMemset(out, 0xff, nq * sizeof(float)));  // NaN where nothing is written
+    CUDA_OK(flash3::reference::attention_gpu_fp8(shape, flash3::contiguous<const void*>(q.ptr, seqlen_q, 1, d),
+                                                 flash3::contiguous<const void*>(k.ptr, seqlen_k, 1, d),
+                                                 flash3::contiguous<const void*>(v.ptr, seqlen_k, 1, d), fp8, out,
+                                                 nullptr, emulation, nullptr));
+    CUDA_OK(cudaMemcpy(host->data(), out, nq * sizeof(float), cudaMemcpyDeviceToHost));
+  }
+  const double p = std::exp(-5.0), n = double(seqlen_k - 1);
+  const double want = n * p / (1 + n * p);                   // 0.5728
+  const double want_fused = n * (1.75 / 256) / (1 + n * p);  // 0.5812 (unscaled: 0.4981)
+  for (size_t i = 0; i < nq; ++i) {
+    ASSERT_NEAR(h_none[i], want, 1e-5) << "O[" << i << "]";
+    // O's bf16 rounding: 2^-9 of it.
+    ASSERT_NEAR(h_fused[i], want_fused, 0x1p-8 * want_fused) << "O[" << i << "]";
+  }
+}
+
 __global__ void fill_random_bf16(__nv_bfloat16* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     uint64_t h = uint64_t(i) * 0x9e3779b97f4a7c15ull;
