@@ -227,6 +227,36 @@ double flops(Config const& c) {
   return c.pass == Pass::kFwd ? f : c.pass == Pass::kBwd ? 2.5 * f : 3.5 * f;
 }
 
+// The median time of f() in ms, taken as triton's do_bench times the peers
+// (bench/compare_sdpa.py): before each sample a 256 MB memset flushes the L2,
+// and the host queues every sample without waiting, so that each call starts
+// on the GPU right behind the flush, not when the host has submitted it.
+// (Before run 57, batches of back-to-back calls between two events, with a
+// synchronization after each batch: that counted the host's submission of
+// each batch's first call, and the causal forward's re-allocation of its
+// tile counter after the synchronization.)
+template <class F>
+double median_ms(F&& f, int reps) {
+  constexpr size_t kFlushBytes = size_t(256) << 20;
+  static void* flush = nullptr;  // one buffer for the process, freed with it
+  if (flush == nullptr) CHECK_CUDA(cudaMalloc(&flush, kFlushBytes));
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<cudaEvent_t> events(2 * size_t(reps));
+  for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventCreate(&e));
+  for (int i = 0; i < reps; ++i) {
+    CHECK_CUDA(cudaMemsetAsync(flush, 0, kFlushBytes));
+    CHECK_CUDA(cudaEventRecord(events[2 * i]));
+    f();
+    CHECK_CUDA(cudaEventRecord(events[2 * i + 1]));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> times(reps);
+  for (int i = 0; i < reps; ++i) CHECK_CUDA(cudaEventElapsedTime(&times[i], events[2 * i], events[2 * i + 1]));
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
+  std::sort(times.begin(), times.end());
+  return double(times[times.size() / 2]);
+}
+
 struct Check {
   float max_err = 0, ref_err = 0;
   bool ok = true;
@@ -443,36 +473,8 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
       r.ok = chk.ok;
       r.error = chk.error;
     }
-    // Time: warm up, then the median of opt.reps samples, each the mean of a
-    // batch of back-to-back calls between two events, so that the host's
-    // launch overhead overlaps the previous call as it does in a model (and in
-    // triton's do_bench, which times the peers).
-    cudaEvent_t start, stop;
-    CHECK_CUDA(cudaEventCreate(&start));
-    CHECK_CUDA(cudaEventCreate(&stop));
-    for (int i = 0; i < 3; ++i) call();
-    CHECK_CUDA(cudaEventRecord(start));
-    call();
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float once_ms;
-    CHECK_CUDA(cudaEventElapsedTime(&once_ms, start, stop));
-    int const batch = std::max(1, std::min(20, int(1.0f / std::max(once_ms, 1e-3f))));  // ~1 ms a sample
-    std::vector<float> times;
-    for (int i = 0; i < opt.reps; ++i) {
-      CHECK_CUDA(cudaEventRecord(start));
-      for (int j = 0; j < batch; ++j) call();
-      CHECK_CUDA(cudaEventRecord(stop));
-      CHECK_CUDA(cudaEventSynchronize(stop));
-      float ms;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-      times.push_back(ms / batch);
-    }
-    std::sort(times.begin(), times.end());
-    r.ms = times[times.size() / 2];
+    r.ms = median_ms([&] { call(); }, opt.reps);
     r.tflops = flops(c) / (r.ms * 1e-3) / 1e12;
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
   } else {
     r.error = s.message();
   }
@@ -651,30 +653,12 @@ int run_quant_bandwidth(Options const& opt) {
   fill_normal<<<1024, 256>>>(q, n, 1, true);
   fill_normal<<<1024, 256>>>(k, n, 2, true);
   fill_normal<<<1024, 256>>>(v, n, 3, true);
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  auto median_ms = [&](auto&& f) {
-    for (int i = 0; i < 3; ++i) f();
-    std::vector<float> t;
-    for (int i = 0; i < opt.reps; ++i) {
-      CHECK_CUDA(cudaEventRecord(start));
-      f();
-      CHECK_CUDA(cudaEventRecord(stop));
-      CHECK_CUDA(cudaEventSynchronize(stop));
-      float ms;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-      t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return double(t[t.size() / 2]);
-  };
   // The copy: as many bytes as the quantization reads, of Q then K then V.
   uint16_t* dst;
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dst), n * 2));
   double const copy_ms = median_ms([&] {
     for (uint16_t* src : {q, k, v}) CHECK_CUDA(cudaMemcpyAsync(dst, src, n * 2, cudaMemcpyDeviceToDevice));
-  });
+  }, opt.reps);
   double const copy_gbs = 3.0 * 2 * (n * 2) / (copy_ms * 1e-3) / 1e9;
   std::printf("\nquantize_fp8: %lld tokens, hidden %lld, Q, K and V (bf16 -> e4m3)\n", (long long)tokens,
               (long long)hidden);
@@ -700,7 +684,7 @@ int run_quant_bandwidth(Options const& opt) {
             ok = false;
             continue;
           }
-          double const ms = median_ms([&] { flash3::quantize_fp8(inputs.qa, nullptr); });
+          double const ms = median_ms([&] { flash3::quantize_fp8(inputs.qa, nullptr); }, opt.reps);
           double const bytes = 3.0 * double(batch * seqlen * heads * d) * 3;  // 2 read + 1 written per element
           double const gbs = bytes / (ms * 1e-3) / 1e9;
           std::printf("| %d | %lld | %s | %s | %.3f | %.0f | %.2f |\n", d, (long long)seqlen, name,

@@ -220,6 +220,62 @@ TEST(Forward, StridesBeyond2To31Elements) {
   }
 }
 
+TEST(Forward, CausalTileCounterInCapturedGraph) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  // A causal persistent launch with more tiles than SMs claims its tiles from
+  // a counter allocated in stream order: from flash3's scratch pool in a
+  // direct call, as the graph's own allocation under capture. Two replays
+  // must give bitwise what the direct call gives (a tile's result does not
+  // depend on the CTA that claims it).
+  int64_t const batch = 4, seqlen = 2000, heads = 8, d = 128;
+  size_t const elems = size_t(batch * seqlen * heads * d);
+  DeviceBuffer<uint16_t> q(elems), k(elems), v(elems), o(elems), o_graph(elems);
+  ASSERT_TRUE(q.ptr && k.ptr && v.ptr && o.ptr && o_graph.ptr);
+  std::mt19937 rng(2026);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<uint16_t> host(elems);
+  for (uint16_t* dst : {q.ptr, k.ptr, v.ptr}) {
+    for (uint16_t& x : host) x = to_bits(normal(rng), DType::kBF16);
+    CUDA_OK(cudaMemcpy(dst, host.data(), elems * 2, cudaMemcpyHostToDevice));
+  }
+  flash3::ForwardArgs a;
+  a.batch = batch;
+  a.seqlen_q = a.seqlen_k = seqlen;
+  a.heads_q = a.heads_kv = heads;
+  a.head_dim = d;
+  a.causal = true;
+  a.q = flash3::contiguous<const void*>(q.ptr, seqlen, heads, d);
+  a.k = flash3::contiguous<const void*>(k.ptr, seqlen, heads, d);
+  a.v = flash3::contiguous<const void*>(v.ptr, seqlen, heads, d);
+  a.o = flash3::contiguous<void*>(o.ptr, seqlen, heads, d);
+  flash3::Status s = flash3::forward(a, nullptr);
+  if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
+  ASSERT_TRUE(s.ok()) << s.message();
+
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  a.o = flash3::contiguous<void*>(o_graph.ptr, seqlen, heads, d);
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  s = flash3::forward(a, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(s.ok()) << s.message();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<uint16_t> direct(elems), replayed(elems);
+  CUDA_OK(cudaMemcpy(direct.data(), o.ptr, elems * 2, cudaMemcpyDeviceToHost));
+  for (int replay = 0; replay < 2; ++replay) {
+    CUDA_OK(cudaMemsetAsync(o_graph.ptr, 0xff, elems * 2, stream));  // poison
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    CUDA_OK(cudaMemcpy(replayed.data(), o_graph.ptr, elems * 2, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(replayed == direct) << "replay " << replay;
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
 TEST(Forward, NoKeysGivesZerosAndInfiniteLse) {
   SKIP_WITHOUT_CUDA_DEVICE();
   flash3::ForwardArgs a;

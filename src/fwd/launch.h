@@ -52,7 +52,9 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   // streams (and graph capture) each get their own.
   bool const dynamic = Traits::kCausal && a.options.persistent && grid < num_tiles;
   params.tile_counter = nullptr;
-  if (dynamic && err == cudaSuccess) err = cudaMallocAsync(reinterpret_cast<void**>(&params.tile_counter), sizeof(int), stream);
+  if (dynamic && err == cudaSuccess) {
+    err = scratch_alloc_async(reinterpret_cast<void**>(&params.tile_counter), sizeof(int), device.id, stream);
+  }
   if (dynamic && err == cudaSuccess) err = cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream);
   if (err == cudaSuccess) {
     kernel<<<grid, KernelT::kNumThreads, KernelT::kSmemBytes, stream>>>(params);
