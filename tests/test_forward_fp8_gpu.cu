@@ -273,15 +273,7 @@ TEST(ForwardFp8, AccuracyWithOutliers) {
     for (auto& x : host) x = flash3::testing::to_bits(normal(rng) + (rare(rng) ? outlier(rng) : 0.f), DType::kBF16);
     CUDA_OK(cudaMemcpy(t, host.data(), n * 2, cudaMemcpyHostToDevice));
   }
-  flash3::ForwardArgs a;
-  a.batch = batch;
-  a.seqlen_q = a.seqlen_k = seqlen;
-  a.heads_q = a.heads_kv = heads;
-  a.head_dim = d;
-  a.q = flash3::contiguous<const void*>(q.ptr, seqlen, heads, d);
-  a.k = flash3::contiguous<const void*>(k.ptr, seqlen, heads, d);
-  a.v = flash3::contiguous<const void*>(v.ptr, seqlen, heads, d);
-  a.o = flash3::contiguous<void*>(o.ptr, seqlen, heads, d);
+  flash3::ForwardArgs a = flash3::testing::dense_forward_args(batch, seqlen, heads, d, q.ptr, k.ptr, v.ptr, o.ptr);
   AttentionShape shape{batch, seqlen, seqlen, heads, heads, d, 0.f, false};
   CUDA_OK(flash3::reference::attention_gpu(shape, DType::kBF16, a.q, a.k, a.v, ref.ptr, nullptr, false, nullptr));
   std::vector<float> h_ref(n);

@@ -238,16 +238,8 @@ TEST(Forward, CausalTileCounterInCapturedGraph) {
     for (uint16_t& x : host) x = to_bits(normal(rng), DType::kBF16);
     CUDA_OK(cudaMemcpy(dst, host.data(), elems * 2, cudaMemcpyHostToDevice));
   }
-  flash3::ForwardArgs a;
-  a.batch = batch;
-  a.seqlen_q = a.seqlen_k = seqlen;
-  a.heads_q = a.heads_kv = heads;
-  a.head_dim = d;
+  flash3::ForwardArgs a = flash3::testing::dense_forward_args(batch, seqlen, heads, d, q.ptr, k.ptr, v.ptr, o.ptr);
   a.causal = true;
-  a.q = flash3::contiguous<const void*>(q.ptr, seqlen, heads, d);
-  a.k = flash3::contiguous<const void*>(k.ptr, seqlen, heads, d);
-  a.v = flash3::contiguous<const void*>(v.ptr, seqlen, heads, d);
-  a.o = flash3::contiguous<void*>(o.ptr, seqlen, heads, d);
   flash3::Status s = flash3::forward(a, nullptr);
   if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
   ASSERT_TRUE(s.ok()) << s.message();
