@@ -324,6 +324,31 @@ TEST(ReferenceGpu, EmulationRoundsScoresAndProbabilities) {
   EXPECT_NEAR(got[1], want, 1e-6f);
 }
 
+// O of the FP8 reference under `emulation` for one head: e4m3 Q [seqlen_q, d]
+// and K, V [seqlen_k, d] from the host, one per-tensor descale for all three.
+// The output is poisoned first: an element left unwritten reads back as NaN.
+void fp8_reference_o(int64_t seqlen_q, int64_t seqlen_k, int64_t d, std::vector<uint8_t> const& hq,
+                     std::vector<uint8_t> const& hk, std::vector<uint8_t> const& hv, float descale,
+                     flash3::reference::Fp8Emulation emulation, std::vector<float>& out) {
+  const size_t nq = size_t(seqlen_q * d), nk = size_t(seqlen_k * d);
+  DeviceBuffer<uint8_t> q(nq), k(nk), v(nk);
+  DeviceBuffer<float> scales(1), o(nq);
+  ASSERT_TRUE(q.ptr && k.ptr && v.ptr && scales.ptr && o.ptr);
+  CUDA_OK(cudaMemcpy(q.ptr, hq.data(), nq, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(k.ptr, hk.data(), nk, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(v.ptr, hv.data(), nk, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(scales.ptr, &descale, sizeof descale, cudaMemcpyHostToDevice));
+  const flash3::Fp8Scales fp8{flash3::ScaleGranularity::kPerTensor, scales.ptr, scales.ptr, scales.ptr, DType::kBF16};
+  const AttentionShape shape{1, seqlen_q, seqlen_k, 1, 1, d, 0.f, false};
+  CUDA_OK(cudaMemset(o.ptr, 0xff, nq * sizeof(float)));
+  CUDA_OK(flash3::reference::attention_gpu_fp8(shape, flash3::contiguous<const void*>(q.ptr, seqlen_q, 1, d),
+                                               flash3::contiguous<const void*>(k.ptr, seqlen_k, 1, d),
+                                               flash3::contiguous<const void*>(v.ptr, seqlen_k, 1, d), fp8, o.ptr,
+                                               nullptr, emulation, nullptr));
+  out.resize(nq);
+  CUDA_OK(cudaMemcpy(out.data(), o.ptr, nq * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
 // The paper's FP8 baseline (Fp8Emulation::kStandard): S and the normalised P
 // in fp16, P times 448 in e4m3. Together the roundings move a probability by
 // at most 2^-4 of itself (e4m3's half spacing) plus a little (fp16's 2^-11, S's
@@ -350,25 +375,10 @@ TEST(ReferenceGpu, StandardFp8RoundsScoresAndNormalizedProbabilities) {
   };
   float unused = 0.f, v_max = 0.f;
   const std::vector<uint8_t> hq = draw(nq, unused), hk = draw(nk, unused), hv = draw(nk, v_max);
-  DeviceBuffer<uint8_t> q(nq), k(nk), v(nk);
-  DeviceBuffer<float> scales(1), o_none(nq), o_fused(nq), o_standard(nq);
-  CUDA_OK(cudaMemcpy(q.ptr, hq.data(), nq, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(k.ptr, hk.data(), nk, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(v.ptr, hv.data(), nk, cudaMemcpyHostToDevice));
-  const float descale = 1.f / 32.f;
-  CUDA_OK(cudaMemcpy(scales.ptr, &descale, sizeof descale, cudaMemcpyHostToDevice));
-  const flash3::Fp8Scales fp8{flash3::ScaleGranularity::kPerTensor, scales.ptr, scales.ptr, scales.ptr, DType::kBF16};
-  const AttentionShape shape{1, seqlen_q, seqlen_k, 1, 1, d, 0.f, false};
-  std::vector<float> h_none(nq), h_fused(nq), h_standard(nq);
-  for (auto [emulation, out, host] : {std::tuple{Fp8Emulation::kNone, o_none.ptr, &h_none},
-                                      std::tuple{Fp8Emulation::kFused, o_fused.ptr, &h_fused},
-                                      std::tuple{Fp8Emulation::kStandard, o_standard.ptr, &h_standard}}) {
-    CUDA_OK(cudaMemset(out, 0xff, nq * sizeof(float)));  // NaN where nothing is written
-    CUDA_OK(flash3::reference::attention_gpu_fp8(shape, flash3::contiguous<const void*>(q.ptr, seqlen_q, 1, d),
-                                                 flash3::contiguous<const void*>(k.ptr, seqlen_k, 1, d),
-                                                 flash3::contiguous<const void*>(v.ptr, seqlen_k, 1, d), fp8, out,
-                                                 nullptr, emulation, nullptr));
-    CUDA_OK(cudaMemcpy(host->data(), out, nq * sizeof(float), cudaMemcpyDeviceToHost));
+  std::vector<float> h_none, h_fused, h_standard;
+  for (auto [emulation, host] : {std::pair{Fp8Emulation::kNone, &h_none}, std::pair{Fp8Emulation::kFused, &h_fused},
+                                 std::pair{Fp8Emulation::kStandard, &h_standard}}) {
+    ASSERT_NO_FATAL_FAILURE(fp8_reference_o(seqlen_q, seqlen_k, d, hq, hk, hv, 1.f / 32.f, emulation, *host));
   }
   double moved = 0, apart = 0;
   for (size_t i = 0; i < nq; ++i) {
@@ -397,25 +407,9 @@ TEST(ReferenceGpu, FusedFp8ScalesProbabilitiesBeforeRounding) {
   for (int64_t i = 0; i < seqlen_q; ++i) hq[size_t(i * d)] = __nv_fp8_e4m3(4.f).__x;  // score 4 * 10 / 8 = 5 at key 0
   hk[0] = __nv_fp8_e4m3(10.f).__x;
   for (int64_t c = 0; c < d; ++c) hv[size_t(c)] = zero;
-  DeviceBuffer<uint8_t> q(nq), k(nk), v(nk);
-  DeviceBuffer<float> scales(1), o_none(nq), o_fused(nq);
-  CUDA_OK(cudaMemcpy(q.ptr, hq.data(), nq, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(k.ptr, hk.data(), nk, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(v.ptr, hv.data(), nk, cudaMemcpyHostToDevice));
-  const float descale = 1.f;
-  CUDA_OK(cudaMemcpy(scales.ptr, &descale, sizeof descale, cudaMemcpyHostToDevice));
-  const flash3::Fp8Scales fp8{flash3::ScaleGranularity::kPerTensor, scales.ptr, scales.ptr, scales.ptr, DType::kBF16};
-  const AttentionShape shape{1, seqlen_q, seqlen_k, 1, 1, d, 0.f, false};
-  std::vector<float> h_none(nq), h_fused(nq);
-  for (auto [emulation, out, host] : {std::tuple{Fp8Emulation::kNone, o_none.ptr, &h_none},
-                                      std::tuple{Fp8Emulation::kFused, o_fused.ptr, &h_fused}}) {
-    CUDA_OK(cudaMemset(out, 0xff, nq * sizeof(float)));  // NaN where nothing is written
-    CUDA_OK(flash3::reference::attention_gpu_fp8(shape, flash3::contiguous<const void*>(q.ptr, seqlen_q, 1, d),
-                                                 flash3::contiguous<const void*>(k.ptr, seqlen_k, 1, d),
-                                                 flash3::contiguous<const void*>(v.ptr, seqlen_k, 1, d), fp8, out,
-                                                 nullptr, emulation, nullptr));
-    CUDA_OK(cudaMemcpy(host->data(), out, nq * sizeof(float), cudaMemcpyDeviceToHost));
-  }
+  std::vector<float> h_none, h_fused;
+  ASSERT_NO_FATAL_FAILURE(fp8_reference_o(seqlen_q, seqlen_k, d, hq, hk, hv, 1.f, Fp8Emulation::kNone, h_none));
+  ASSERT_NO_FATAL_FAILURE(fp8_reference_o(seqlen_q, seqlen_k, d, hq, hk, hv, 1.f, Fp8Emulation::kFused, h_fused));
   const double p = std::exp(-5.0), n = double(seqlen_k - 1);
   const double want = n * p / (1 + n * p);                   // 0.5728
   const double want_fused = n * (1.75 / 256) / (1 + n * p);  // 0.5812 (unscaled: 0.4981)
