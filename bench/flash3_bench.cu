@@ -512,22 +512,6 @@ void write_csv(std::string const& path, std::vector<Result> const& results) {
   }
 }
 
-// Forward arguments over dense [batch, seqlen, heads, d] Q, K, V and O (MHA).
-flash3::ForwardArgs dense_args(DType dtype, int64_t batch, int64_t seqlen, int64_t heads, int64_t d, void const* q,
-                               void const* k, void const* v, void* o) {
-  flash3::ForwardArgs a;
-  a.dtype = dtype;
-  a.batch = batch;
-  a.seqlen_q = a.seqlen_k = seqlen;
-  a.heads_q = a.heads_kv = heads;
-  a.head_dim = d;
-  a.q = flash3::contiguous<const void*>(q, seqlen, heads, d);
-  a.k = flash3::contiguous<const void*>(k, seqlen, heads, d);
-  a.v = flash3::contiguous<const void*>(v, seqlen, heads, d);
-  a.o = flash3::contiguous<void*>(o, seqlen, heads, d);
-  return a;
-}
-
 __device__ float value(uint16_t bits, bool bf16) {
   return bf16 ? __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&bits))
               : __half2float(*reinterpret_cast<__half*>(&bits));
@@ -595,7 +579,7 @@ int run_fp8_accuracy() {
       fill_normal<<<1024, 256>>>(v, n, 33, bf16, true);
       CHECK_CUDA(cudaMemset(o, 0xff, n * 2));
       CHECK_CUDA(cudaMemset(standard, 0xff, n * 4));
-      flash3::ForwardArgs a = dense_args(m.draws, batch, seqlen, heads, d, q, k, v, o);
+      flash3::ForwardArgs a = flash3::reference::dense_forward_args(m.draws, batch, seqlen, heads, d, q, k, v, o);
       flash3::reference::AttentionShape shape{batch, seqlen, seqlen, heads, heads, d, 0.f, false};
       CHECK_CUDA(flash3::reference::attention_gpu(shape, m.draws, a.q, a.k, a.v, ref, nullptr, false, nullptr));
       Fp8Inputs inputs;
@@ -672,7 +656,8 @@ int run_quant_bandwidth(Options const& opt) {
       int64_t const batch = std::max<int64_t>(1, tokens / seqlen), heads = hidden / d;
       for (G g : {G::kPerTensor, G::kPerHead, G::kPerBlock}) {
         for (bool hadamard : {false, true}) {
-          flash3::ForwardArgs a = dense_args(DType::kBF16, batch, seqlen, heads, d, q, k, v, nullptr);
+          flash3::ForwardArgs a =
+              flash3::reference::dense_forward_args(DType::kBF16, batch, seqlen, heads, d, q, k, v, nullptr);
           Fp8Inputs inputs;
           flash3::Status s = seqlen <= tokens ? inputs.quantize(a, g, hadamard)
                                               : flash3::Status(flash3::Status::Code::kInvalidArgument,

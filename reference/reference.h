@@ -24,6 +24,23 @@
 
 namespace flash3::reference {
 
+// Self-attention arguments over contiguous [batch, seqlen, heads, d] tensors
+// Q, K, V and O of `dtype`, as the tests and the benchmark set them up.
+inline ForwardArgs dense_forward_args(DType dtype, int64_t batch, int64_t seqlen, int64_t heads, int64_t d,
+                                      const void* q, const void* k, const void* v, void* o) {
+  ForwardArgs a;
+  a.dtype = dtype;
+  a.batch = batch;
+  a.seqlen_q = a.seqlen_k = seqlen;
+  a.heads_q = a.heads_kv = heads;
+  a.head_dim = d;
+  a.q = contiguous<const void*>(q, seqlen, heads, d);
+  a.k = contiguous<const void*>(k, seqlen, heads, d);
+  a.v = contiguous<const void*>(v, seqlen, heads, d);
+  a.o = contiguous<void*>(o, seqlen, heads, d);
+  return a;
+}
+
 struct AttentionShape {
   int64_t batch = 0;
   int64_t seqlen_q = 0;

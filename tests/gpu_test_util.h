@@ -57,22 +57,6 @@ inline float from_bits(uint16_t b, DType dt) {
   return dt == DType::kBF16 ? reference::bf16_to_float(b) : reference::half_to_float(b);
 }
 
-// Self-attention arguments (bf16) over contiguous [batch, seqlen, heads, d]
-// tensors Q, K, V and O.
-inline ForwardArgs dense_forward_args(int64_t batch, int64_t seqlen, int64_t heads, int64_t d, const void* q,
-                                      const void* k, const void* v, void* o) {
-  ForwardArgs a;
-  a.batch = batch;
-  a.seqlen_q = a.seqlen_k = seqlen;
-  a.heads_q = a.heads_kv = heads;
-  a.head_dim = d;
-  a.q = contiguous<const void*>(q, seqlen, heads, d);
-  a.k = contiguous<const void*>(k, seqlen, heads, d);
-  a.v = contiguous<const void*>(v, seqlen, heads, d);
-  a.o = contiguous<void*>(o, seqlen, heads, d);
-  return a;
-}
-
 // The forward's tolerance rule, on host copies: O (16-bit, in o_dtype)
 // against the float32 reference `ref`, at most 2x (plus 1e-5) the error of a
 // straightforward implementation `low`, no NaN (outputs are poisoned before

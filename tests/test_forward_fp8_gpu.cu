@@ -273,7 +273,8 @@ TEST(ForwardFp8, AccuracyWithOutliers) {
     for (auto& x : host) x = flash3::testing::to_bits(normal(rng) + (rare(rng) ? outlier(rng) : 0.f), DType::kBF16);
     CUDA_OK(cudaMemcpy(t, host.data(), n * 2, cudaMemcpyHostToDevice));
   }
-  flash3::ForwardArgs a = flash3::testing::dense_forward_args(batch, seqlen, heads, d, q.ptr, k.ptr, v.ptr, o.ptr);
+  flash3::ForwardArgs a =
+      flash3::reference::dense_forward_args(DType::kBF16, batch, seqlen, heads, d, q.ptr, k.ptr, v.ptr, o.ptr);
   AttentionShape shape{batch, seqlen, seqlen, heads, heads, d, 0.f, false};
   CUDA_OK(flash3::reference::attention_gpu(shape, DType::kBF16, a.q, a.k, a.v, ref.ptr, nullptr, false, nullptr));
   std::vector<float> h_ref(n);

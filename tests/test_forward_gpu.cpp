@@ -238,7 +238,8 @@ TEST(Forward, CausalTileCounterInCapturedGraph) {
     for (uint16_t& x : host) x = to_bits(normal(rng), DType::kBF16);
     CUDA_OK(cudaMemcpy(dst, host.data(), elems * 2, cudaMemcpyHostToDevice));
   }
-  flash3::ForwardArgs a = flash3::testing::dense_forward_args(batch, seqlen, heads, d, q.ptr, k.ptr, v.ptr, o.ptr);
+  flash3::ForwardArgs a =
+      flash3::reference::dense_forward_args(DType::kBF16, batch, seqlen, heads, d, q.ptr, k.ptr, v.ptr, o.ptr);
   a.causal = true;
   flash3::Status s = flash3::forward(a, nullptr);
   if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
