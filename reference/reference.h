@@ -1,6 +1,7 @@
 // Reference attention for flash3's tests and benchmark, written for trust, not
 // speed: a float64 CPU version and a plain tiled float32 CUDA version, plus the
-// 16-bit float conversions the tests use to make inputs.
+// 16-bit float conversions the tests use to make inputs and the dense
+// self-attention arguments both they and the benchmark set up.
 //
 // Both compute, per batch b and query head h (using KV head h / (heads_q /
 // heads_kv), i.e. GQA/MQA),
