@@ -47,25 +47,16 @@ struct Epilogue {
     cute::prefetch_tma_descriptor(p.tma_o.get_tma_descriptor());
   }
 
-  // The consumer thread index, read afresh: values derived from it are then
-  // computed here, once a tile, instead of being hoisted out of the tile loop
-  // and held (or spilled) through the mainloop.
-  CUTE_DEVICE static int consumer_thread_idx() {
-    uint32_t tid;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-    return int(tid) - Traits::kFirstConsumerThread;
-  }
-
   // The last tile's O must be read out of shared memory before the CTA exits.
   CUTE_DEVICE static void store_tail() {
-    if (consumer_thread_idx() == 0) tma_store_wait<0>();
+    if (Traits::consumer_thread_idx() == 0) tma_store_wait<0>();
   }
 
   // tOrO: the normalised fp32 O of this thread; lse: its rows' LSE.
   template <class FragO, int kRows>
   CUTE_DEVICE static void store(Params const& p, SharedStorage& smem, FragO const& tOrO, float const (&lse)[kRows],
                                 TileCoord tile) {
-    int const thread_idx = consumer_thread_idx();
+    int const thread_idx = Traits::consumer_thread_idx();
     Tensor sO = make_tensor(make_smem_ptr(smem.o.data()), SmemLayoutO{});
     Tensor rO = convert_fragment<Element>(tOrO);
     auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::TiledMmaOChunk{});

@@ -216,6 +216,28 @@ struct Mainloop {
                               FragO& tOrO, Softmax& softmax, TileCoord tile, BlockRange range,
                               int q_phase, int thread_idx, LoadAhead&& load_ahead) {
     int const warp_group = thread_idx / cutlass::NumThreadsPerWarpGroup;
+    if constexpr (Traits::kWarpSpecialized) {
+      // The key blocks this warpgroup's own 64 rows see. A warpgroup whose
+      // rows all lie past seqlen_q (in a sequence's last M-block) or see no
+      // key sits the tile out; with the causal mask, the first blocks of the
+      // walk (the highest) can be all masked for the upper warpgroups' rows
+      // (for warpgroup 0 of M-block m at head dim 256, one of 2m + 2), and
+      // are passed by. (The warpgroup index is read afresh, warp-uniform:
+      // derived from thread_idx it cost head dim 64 three spilled registers.
+      // Without a producer, the ablation's kernel, the branch doubled the
+      // mainloop's R2UR moves: that kernel keeps every warpgroup busy.)
+      int const group = cutlass::canonical_warp_group_idx() - 1;
+      BlockRange const own = block_range(tile.m_block * (kBlockM / 64) + group, 64, kBlockN, p.seqlen_q,
+                                         p.seqlen_k, Traits::kCausal);
+      if (tile.m_block * kBlockM + group * 64 >= p.seqlen_q || own.empty()) {
+        idle(pipeline_k, pipeline_v, read_k, read_v, range, warp_group);
+        return 1.f;
+      }
+      if constexpr (Traits::kCausal) {
+        pass_blocks(pipeline_k, pipeline_v, read_k, read_v, range.n_block_max - own.n_block_max, warp_group);
+        range.n_block_max = own.n_block_max;
+      }
+    }
     typename Traits::TiledMmaQK tiled_mma_qk;
     typename Traits::TiledMmaPV tiled_mma_pv;
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(thread_idx);
@@ -299,7 +321,14 @@ struct Mainloop {
     auto release_k = [&]() { pipeline_k.consumer_release(read_k); ++read_k; };
     auto release_v = [&]() { pipeline_v.consumer_release(read_v); ++read_v; };
     auto softmax_step = [&](auto& acc_s, int n_block, auto needs_mask, BlockDescale descale) {
-      if constexpr (decltype(needs_mask)::value) mask.apply(acc_s, tile.m_block, n_block, thread_idx);
+      // With three consumer warpgroups (160 registers) the mask's coordinates
+      // come from a fresh thread index: hoisted out of the loop, they spilled
+      // in head dim 64's causal kernel. With two they stay hoisted (10-25
+      // fewer instructions per masked block).
+      if constexpr (decltype(needs_mask)::value) {
+        mask.apply(acc_s, tile.m_block, n_block,
+                   Traits::kNumConsumerWarpGroups == 3 ? Traits::consumer_thread_idx() : thread_idx);
+      }
       max_moved = softmax.step(acc_s, o_scale, p.scale_log2 * descale.qk);
     };
     auto to_operand = [&](auto const& acc_s) { tOrP = operand_p(acc_s); };
@@ -380,6 +409,45 @@ struct Mainloop {
       query_done();
     }
     return v_descale;
+  }
+
+  // Key blocks a consumer warpgroup has no use for: it issues no GEMM for
+  // them, so that the other warpgroups have the tensor cores to themselves,
+  // but takes the pingpong turns mma() would take and waits for and releases
+  // their K and V stages, so that the turn ring and the pipelines stay in
+  // step.
+  CUTE_DEVICE static void pass_blocks(PipelineK& pipeline_k, PipelineV& pipeline_v, PipelineState& read_k,
+                                      PipelineState& read_v, int count, int warp_group) {
+    for (int i = 0; i < count; ++i) {
+      // Algorithm 2 takes a turn per block (its QK^T with the previous
+      // block's PV), Algorithm 1 two.
+      CUTE_UNROLL
+      for (int t = 0; t < (Traits::kIntraWGOverlap ? 1 : 2); ++t) {
+        pingpong_wait_turn(warp_group);
+        pingpong_pass_turn(warp_group);
+      }
+      pipeline_k.consumer_wait(read_k);
+      pipeline_k.consumer_release(read_k);
+      ++read_k;
+      pipeline_v.consumer_wait(read_v);
+      pipeline_v.consumer_release(read_v);
+      ++read_v;
+    }
+  }
+
+  // A warpgroup with no key to attend to in this tile: its 64 query rows all
+  // lie past seqlen_q (in a sequence's last M-block: at head dim 64 and
+  // seqlen 1024, two of the last tile's three), or see no key.
+  CUTE_DEVICE static void idle(PipelineK& pipeline_k, PipelineV& pipeline_v, PipelineState& read_k,
+                               PipelineState& read_v, BlockRange range, int warp_group) {
+    int const blocks = range.n_block_max - range.n_block_min;
+    pass_blocks(pipeline_k, pipeline_v, read_k, read_v, blocks, warp_group);
+    // Algorithm 2's last turn: the last PV.
+    if (Traits::kIntraWGOverlap && blocks > 0) {
+      pingpong_wait_turn(warp_group);
+      pingpong_pass_turn(warp_group);
+    }
+    query_done();
   }
 
   CUTE_DEVICE static Element* smem_vt(SharedStorage& smem) {

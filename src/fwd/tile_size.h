@@ -41,9 +41,11 @@ constexpr TileSize tile_size(int head_dim, bool fp8, bool causal) {
   switch (head_dim) {
     // Three consumer warpgroups: at d = 64 the softmax's share of a block is
     // largest, and a third warpgroup hides more of it (non-causal 8k +10%).
-    // Causal 1k-4k measured 10-15% slower with 192 rows (more blocks cross
-    // the diagonal, fewer tiles to balance), 8k-16k 6% faster: kept at 128.
-    case 64: return {causal ? 128 : 192, 128, 2};
+    // Causal too, since each warpgroup walks only the key blocks its own rows
+    // see (Mainloop::mma): against 128 rows 2k-16k +5-14%, 1k -2-3% (run 67;
+    // before that, 192 rows met three diagonal blocks in every warpgroup and
+    // measured 10-15% slower at 1k-4k).
+    case 64: return {192, 128, 2};
     case 96: return {128, 128, 2};
     case 128: return {128, 128, 2};
     case 192: return {128, 96, 2};

@@ -48,6 +48,14 @@ struct FwdTraits {
   static constexpr int kNumConsumerThreads = kNumConsumerWarpGroups * 128;
   static constexpr int kFirstConsumerThread = kWarpSpecialized ? 128 : 0;  // after the producer warpgroup
   static constexpr int kNumThreads = kFirstConsumerThread + kNumConsumerThreads;
+  // The consumer thread index read afresh from %tid.x, where a value derived
+  // from it would otherwise be hoisted out of a loop and held (or spilled)
+  // through the mainloop: the epilogue's coordinates, the mask's.
+  CUTE_DEVICE static int consumer_thread_idx() {
+    uint32_t tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    return int(tid) - kFirstConsumerThread;
+  }
   static_assert(kNumConsumerWarpGroups == 2 || kNumConsumerWarpGroups == 3,
                 "pingpong passes the turn round a ring of 2 or 3 warpgroups");
   // Without a producer, loads are issued one block ahead, into the stage the
