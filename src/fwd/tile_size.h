@@ -42,9 +42,9 @@ constexpr TileSize tile_size(int head_dim, bool fp8, bool causal) {
     // Three consumer warpgroups: at d = 64 the softmax's share of a block is
     // largest, and a third warpgroup hides more of it (non-causal 8k +10%).
     // Causal too, since each warpgroup walks only the key blocks its own rows
-    // see (Mainloop::mma): against 128 rows 2k-16k +5-14%, 1k -2-3% (run 67;
-    // before that, 192 rows met three diagonal blocks in every warpgroup and
-    // measured 10-15% slower at 1k-4k).
+    // see (Mainloop::mma): against 128 rows with the same ranges 2k-16k
+    // +10-15%, 1k even (run 67; before that, 192 rows met three diagonal
+    // blocks in every warpgroup and measured 10-15% slower at 1k-4k).
     case 64: return {192, 128, 2};
     case 96: return {128, 128, 2};
     case 128: return {128, 128, 2};
