@@ -138,6 +138,33 @@ TEST(BlockRange, MatchesBruteForce) {
   }
 }
 
+// Each consumer warpgroup's own key range (Mainloop::mma passes the tile's
+// blocks beyond it without GEMMs, and sits the tile out when it is empty):
+// exactly the blocks holding a column its 64 rows see, never beyond the tile's.
+TEST(BlockRange, WarpgroupRangeMatchesBruteForce) {
+  for (bool causal : {false, true}) {
+    for (auto const& [bm, bn] : forward_tiles()) {
+      for (int sq : {1, 7, 64, 65, 200, 513}) {
+        for (int sk : {1, 7, 128, 200, 513, 1000}) {
+          for (int m = 0; m * bm < sq; ++m) {
+            int const tile_max = flash3::block_range(m, bm, bn, sq, sk, causal).n_block_max;
+            for (int g = 0; g < bm / 64; ++g) {
+              std::string const where = std::to_string(causal) + " " + std::to_string(bm) + "x" +
+                                        std::to_string(bn) + " " + std::to_string(sq) + " " + std::to_string(sk) +
+                                        " m " + std::to_string(m) + " group " + std::to_string(g);
+              BlockRange const got = flash3::warpgroup_block_range(m, bm, g, bn, sq, sk, causal);
+              // Rows m * bm + 64 g ... + 63 are brute_force's 64-row block m * bm / 64 + g.
+              int const want = brute_force(m * bm / 64 + g, 64, bn, sq, sk, causal).n_block_max;
+              ASSERT_EQ(got.empty() ? 0 : got.n_block_max, want) << where;
+              ASSERT_LE(want, tile_max) << where;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // The backward's query blocks for a key block, against a scan of every
 // (query, key) pair.
 TEST(QueryRange, MatchesBruteForce) {

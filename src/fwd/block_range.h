@@ -40,4 +40,15 @@ FLASH3_HOST_DEVICE BlockRange block_range(int m_block, int block_m, int block_n,
   return r;
 }
 
+// The key blocks that one consumer warpgroup's rows see: rows [m_block *
+// block_m + 64 * group, + 64) of the tile. Empty when they all lie past
+// seqlen_q or see no key. With the causal mask its n_block_max can be below
+// the tile's: the blocks in between are all masked for these rows.
+FLASH3_HOST_DEVICE BlockRange warpgroup_block_range(int m_block, int block_m, int group, int block_n, int seqlen_q,
+                                                    int seqlen_k, bool causal) {
+  int const rows = m_block * (block_m / 64) + group;  // the warpgroup's block of 64 rows
+  if (rows * 64 >= seqlen_q) return {0, 0, 0};
+  return block_range(rows, 64, block_n, seqlen_q, seqlen_k, causal);
+}
+
 }  // namespace flash3

@@ -200,6 +200,11 @@ struct Mainloop {
       cutlass::arch::NamedBarrier::arrive(kTurnThreads, uint32_t(Barrier::kPingpongWG0) + next);
     }
   }
+  // A turn with no GEMM to issue.
+  CUTE_DEVICE static void pingpong_take_turn(int warp_group) {
+    pingpong_wait_turn(warp_group);
+    pingpong_pass_turn(warp_group);
+  }
   // Warpgroup 0 goes first: the last one passes it the turn.
   CUTE_DEVICE static void pingpong_start(int warp_group) {
     if (warp_group == Traits::kNumConsumerWarpGroups - 1) pingpong_pass_turn(warp_group);
@@ -227,9 +232,9 @@ struct Mainloop {
       // Without a producer, the ablation's kernel, the branch doubled the
       // mainloop's R2UR moves: that kernel keeps every warpgroup busy.)
       int const group = cutlass::canonical_warp_group_idx() - 1;
-      BlockRange const own = block_range(tile.m_block * (kBlockM / 64) + group, 64, kBlockN, p.seqlen_q,
-                                         p.seqlen_k, Traits::kCausal);
-      if (tile.m_block * kBlockM + group * 64 >= p.seqlen_q || own.empty()) {
+      BlockRange const own = warpgroup_block_range(tile.m_block, kBlockM, group, kBlockN, p.seqlen_q, p.seqlen_k,
+                                                   Traits::kCausal);
+      if (own.empty()) {
         idle(pipeline_k, pipeline_v, read_k, read_v, range, warp_group);
         return 1.f;
       }
@@ -422,10 +427,7 @@ struct Mainloop {
       // Algorithm 2 takes a turn per block (its QK^T with the previous
       // block's PV), Algorithm 1 two.
       CUTE_UNROLL
-      for (int t = 0; t < (Traits::kIntraWGOverlap ? 1 : 2); ++t) {
-        pingpong_wait_turn(warp_group);
-        pingpong_pass_turn(warp_group);
-      }
+      for (int t = 0; t < (Traits::kIntraWGOverlap ? 1 : 2); ++t) pingpong_take_turn(warp_group);
       pipeline_k.consumer_wait(read_k);
       pipeline_k.consumer_release(read_k);
       ++read_k;
@@ -443,10 +445,7 @@ struct Mainloop {
     int const blocks = range.n_block_max - range.n_block_min;
     pass_blocks(pipeline_k, pipeline_v, read_k, read_v, blocks, warp_group);
     // Algorithm 2's last turn: the last PV.
-    if (Traits::kIntraWGOverlap && blocks > 0) {
-      pingpong_wait_turn(warp_group);
-      pingpong_pass_turn(warp_group);
-    }
+    if (Traits::kIntraWGOverlap && blocks > 0) pingpong_take_turn(warp_group);
     query_done();
   }
 
