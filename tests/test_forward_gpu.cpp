@@ -223,10 +223,11 @@ TEST(Forward, StridesBeyond2To31Elements) {
 TEST(Forward, CausalTileCounterInCapturedGraph) {
   SKIP_WITHOUT_CUDA_DEVICE();
   // A causal persistent launch with more tiles than SMs claims its tiles from
-  // a counter allocated in stream order: from flash3's scratch pool in a
-  // direct call, as the graph's own allocation under capture. Two replays
-  // must give bitwise what the direct call gives (a tile's result does not
-  // depend on the CTA that claims it).
+  // a counter that each launch leaves zero: the stream's own in a direct
+  // call, the graph's own allocation under capture. A second direct call and
+  // two replays must give bitwise what the first call gives (a tile's result
+  // does not depend on the CTA that claims it); a counter left past zero
+  // would skip tiles and leave them poisoned.
   int64_t const batch = 4, seqlen = 2000, heads = 8, d = 128;
   size_t const elems = size_t(batch * seqlen * heads * d);
   DeviceBuffer<uint16_t> q(elems), k(elems), v(elems), o(elems), o_graph(elems);
@@ -244,6 +245,12 @@ TEST(Forward, CausalTileCounterInCapturedGraph) {
   flash3::Status s = flash3::forward(a, nullptr);
   if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
   ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<uint16_t> direct(elems), again(elems), replayed(elems);
+  CUDA_OK(cudaMemcpy(direct.data(), o.ptr, elems * 2, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemset(o.ptr, 0xff, elems * 2));  // poison
+  ASSERT_TRUE(flash3::forward(a, nullptr).ok());
+  CUDA_OK(cudaMemcpy(again.data(), o.ptr, elems * 2, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(again == direct) << "second direct call";
 
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -255,8 +262,6 @@ TEST(Forward, CausalTileCounterInCapturedGraph) {
   ASSERT_TRUE(s.ok()) << s.message();
   cudaGraphExec_t exec;
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  std::vector<uint16_t> direct(elems), replayed(elems);
-  CUDA_OK(cudaMemcpy(direct.data(), o.ptr, elems * 2, cudaMemcpyDeviceToHost));
   for (int replay = 0; replay < 2; ++replay) {
     CUDA_OK(cudaMemsetAsync(o_graph.ptr, 0xff, elems * 2, stream));  // poison
     CUDA_OK(cudaGraphLaunch(exec, stream));

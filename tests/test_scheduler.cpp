@@ -68,14 +68,27 @@ TEST(TileScheduler, LongestFirstWithinEachSection) {
 TEST(TileScheduler, CausalSectionsLongEnoughForTheirLongestTile) {
   // 132 CTAs, 64 M-blocks: a section of three pairs would leave its longest
   // tile running nearly alone at the end; causal sections hold
-  // ceil(4 * 132 / 64) = 9 pairs even though the L2 budget fits 3.
+  // ceil(4 * 132 / 64) = 9 pairs even though the L2 budget fits 3 ...
   int64_t const l2 = 50 << 20;
+  EXPECT_EQ(TileScheduler::make(64, 8, 2, 4 << 20, l2).heads_per_section, 6);
+  EXPECT_EQ(TileScheduler::make(64, 8, 2, 4 << 20, l2, /*causal=*/true, 132).heads_per_section, 8);  // 9, made equal
+  // ... but no more than the whole L2 holds (6 pairs of 8 MB, not 9).
   int64_t const kv_bytes = 8 << 20;
   EXPECT_EQ(TileScheduler::make(64, 8, 2, kv_bytes, l2).heads_per_section, 3);
-  EXPECT_EQ(TileScheduler::make(64, 8, 2, kv_bytes, l2, /*causal=*/true, 132).heads_per_section, 9);
+  EXPECT_EQ(TileScheduler::make(64, 8, 2, kv_bytes, l2, true, 132).heads_per_section, 6);
   // Never more than there are pairs; a budget that fits more stays.
-  EXPECT_EQ(TileScheduler::make(2, 8, 2, kv_bytes, l2, true, 132).heads_per_section, 16);
+  EXPECT_EQ(TileScheduler::make(2, 8, 2, 1 << 20, l2, true, 132).heads_per_section, 16);
   EXPECT_EQ(TileScheduler::make(64, 8, 2, 1 << 20, l2, true, 132).heads_per_section, 16);
+}
+
+TEST(TileScheduler, SectionsOfEqualSize) {
+  // 25 pairs, 10 fit the budget: three sections of 9, 9 and 7 pairs rather
+  // than 10, 10 and 5.
+  int64_t const l2 = 50 << 20;
+  auto s = TileScheduler::make(4, 25, 1, (l2 / 2) / 10, l2);
+  EXPECT_EQ(s.heads_per_section, 9);
+  EXPECT_EQ(s.tile(9 * 4).head, 9);  // the second section starts at pair 9
+  EXPECT_EQ(s.tile(2 * 9 * 4 + 7 * 4 - 1).head, 24);
 }
 
 // Brute force: which key blocks hold a visible column, which a masked one.

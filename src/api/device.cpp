@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 namespace flash3 {
 
@@ -30,39 +31,38 @@ Status query_device(DeviceInfo& info) {
   return Status();
 }
 
-cudaError_t scratch_alloc_async(void** ptr, size_t bytes, int device, cudaStream_t stream) {
-  // Captured in a graph, the allocation is the graph's own, kept across
-  // replays (and no pool is created while a capture forbids it).
+cudaError_t TileCounter::acquire(int device, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  cudaError_t const capture_err = cudaStreamIsCapturing(stream, &capture);
-  if (capture_err != cudaSuccess) return capture_err;
-  if (capture != cudaStreamCaptureStatusNone) return cudaMallocAsync(ptr, bytes, stream);
-  static std::mutex mutex;
-  static std::map<int, cudaMemPool_t> pools;  // one per device, for the process's lifetime
-  cudaMemPool_t pool;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = pools.find(device);
-    if (it == pools.end()) {
-      cudaMemPoolProps props = {};
-      props.allocType = cudaMemAllocationTypePinned;
-      props.handleTypes = cudaMemHandleTypeNone;
-      props.location.type = cudaMemLocationTypeDevice;
-      props.location.id = device;
-      cudaError_t err = cudaMemPoolCreate(&pool, &props);
-      if (err != cudaSuccess) return err;
-      // Keep what was allocated once: these allocations are a few bytes.
-      uint64_t keep = UINT64_MAX;
-      err = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-      if (err != cudaSuccess) {
-        cudaMemPoolDestroy(pool);
-        return err;
-      }
-      it = pools.emplace(device, pool).first;
-    }
-    pool = it->second;
+  cudaError_t err = cudaStreamIsCapturing(stream, &capture);
+  if (err != cudaSuccess) return err;
+  if (capture != cudaStreamCaptureStatusNone) {
+    err = cudaMallocAsync(reinterpret_cast<void**>(&ptr_), sizeof(int), stream);
+    graph_owned_ = err == cudaSuccess;
+    return err == cudaSuccess ? cudaMemsetAsync(ptr_, 0, sizeof(int), stream) : err;
   }
-  return cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, int*> counters;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto const key = std::make_pair(device, stream);
+  auto it = counters.find(key);
+  if (it == counters.end()) {
+    // Never freed: a stream-ordered allocation stays valid on this stream,
+    // and on a later stream given the same handle, which only exists once
+    // this one's work has finished and left the counter zero.
+    int* counter = nullptr;
+    err = cudaMallocAsync(reinterpret_cast<void**>(&counter), sizeof(int), stream);
+    if (err == cudaSuccess) err = cudaMemsetAsync(counter, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+    it = counters.emplace(key, counter).first;
+  }
+  ptr_ = it->second;
+  return cudaSuccess;
+}
+
+cudaError_t TileCounter::release(cudaStream_t stream) {
+  if (!graph_owned_) return cudaSuccess;
+  graph_owned_ = false;
+  return cudaFreeAsync(ptr_, stream);
 }
 
 }  // namespace flash3

@@ -20,11 +20,25 @@ struct DeviceInfo {
 // kernels are built for sm_90a, which runs on compute capability 9.0 only).
 Status query_device(DeviceInfo& info);
 
-// Small stream-ordered scratch allocations of the launch code (the causal
-// forward's tile counter), from a memory pool of flash3's own per device that
-// keeps its memory between calls. The default pool returns its memory at
-// every synchronization, and allocating it again cost a causal forward call
-// after one 40-100 us (performance record, run 57). Free with cudaFreeAsync.
-cudaError_t scratch_alloc_async(void** ptr, size_t bytes, int device, cudaStream_t stream);
+// The causal forward's tile counter: zero when a launch starts, and left zero
+// by it (fwd::Kernel::next_tile).
+// - A direct call uses its stream's own counter, one int per (device, stream),
+//   zeroed in stream order when first used and kept for the process's
+//   lifetime. Launches on one stream run one after another, so none needs a
+//   memset before it (+1-2% on short causal calls, performance record run
+//   72), and calls on other streams have their own.
+// - Under graph capture the counter is the graph's own allocation, zeroed and
+//   freed by its nodes: replays may run on any stream, beside direct calls.
+class TileCounter {
+ public:
+  cudaError_t acquire(int device, cudaStream_t stream);
+  int* get() const { return ptr_; }
+  // Frees a graph's counter (in the graph); a stream's stays.
+  cudaError_t release(cudaStream_t stream);
+
+ private:
+  int* ptr_ = nullptr;
+  bool graph_owned_ = false;
+};
 
 }  // namespace flash3

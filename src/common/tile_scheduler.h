@@ -6,6 +6,7 @@
 // CTA per tile makes it one-shot (the ablation).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/host_device.h"
@@ -43,7 +44,12 @@ struct TileScheduler {
   // a pair's causal work is about num_m_blocks / 2 longest tiles, and a
   // section holds at least 4 * num_ctas / num_m_blocks pairs (twice the bare
   // minimum; measured against 2 and 8 in the performance record, run 13),
-  // past the L2 budget if need be.
+  // past the L2 budget if need be, but not past the whole L2: there each
+  // pair's K and V were read from DRAM again for every wave of its M-blocks
+  // (hdim 256 causal 1k read 362 MB for 192 MB of Q, K and V; run 72).
+  //
+  // Sections are then made equal: a short last section holds too little work
+  // to cover its own longest tiles (run 72).
   static TileScheduler make(int num_m_blocks, int num_heads, int num_batch, int64_t kv_bytes_per_head,
                             int64_t l2_bytes, bool causal = false, int num_ctas = 1) {
     TileScheduler s;
@@ -54,10 +60,12 @@ struct TileScheduler {
     int64_t fit = kv_bytes_per_head > 0 ? (l2_bytes / 2) / kv_bytes_per_head : pairs;
     if (causal && num_m_blocks > 0) {
       int64_t const tail = (4 * int64_t(num_ctas) + num_m_blocks - 1) / num_m_blocks;
-      if (fit < tail) fit = tail;
+      int64_t const whole_l2 = kv_bytes_per_head > 0 ? l2_bytes / kv_bytes_per_head : pairs;
+      if (fit < tail) fit = std::max(fit, std::min(tail, whole_l2));
     }
-    if (fit < 1) fit = 1;
-    s.heads_per_section = int(fit < pairs ? fit : (pairs > 0 ? pairs : 1));
+    fit = std::clamp<int64_t>(fit, 1, std::max<int64_t>(pairs, 1));
+    int64_t const sections = (std::max<int64_t>(pairs, 1) + fit - 1) / fit;
+    s.heads_per_section = int((std::max<int64_t>(pairs, 1) + sections - 1) / sections);
     s.total_tiles = num_m_blocks * num_heads * num_batch;
     return s;
   }

@@ -38,18 +38,28 @@ struct Kernel {
     typename MainloopT::Params mainloop;
     typename EpilogueT::Params epilogue;
     TileScheduler scheduler;
-    // Zeroed before the launch: tiles are then claimed with atomicAdd, each CTA
+    // Zero at the launch: tiles are then claimed with atomicAdd, each CTA
     // taking the next when it finishes one (greedy LPT, for the causal mask's
-    // unequal tiles). nullptr: CTA c takes tiles c, c + grid, ... (equal tiles).
+    // unequal tiles), and the launch leaves it zero. nullptr: CTA c takes
+    // tiles c, c + grid, ... (equal tiles).
     int* tile_counter;
   };
 
   // The producer warp picks each next tile and hands it to the consumers
   // through pipeline_tile, so a dynamic order reaches every warpgroup.
+  //
+  // A launch makes exactly num_tiles claims: claims 0 .. num_tiles - grid - 1
+  // hand out the tiles past the first wave, and each CTA stops after one claim
+  // more. The last claim is therefore num_tiles - 1; it zeroes the counter,
+  // so the next launch on the stream needs no memset (run 72).
   CUTE_DEVICE static int next_tile(Params const& params, int tile) {
     if (params.tile_counter == nullptr) return tile + gridDim.x;
     int next = 0;
-    if (threadIdx.x % cutlass::NumThreadsPerWarp == 0) next = atomicAdd(params.tile_counter, 1) + gridDim.x;
+    if (threadIdx.x % cutlass::NumThreadsPerWarp == 0) {
+      int const claim = atomicAdd(params.tile_counter, 1);
+      if (claim == params.scheduler.num_tiles() - 1) atomicExch(params.tile_counter, 0);
+      next = claim + gridDim.x;
+    }
     return __shfl_sync(0xffffffff, next, 0);
   }
 

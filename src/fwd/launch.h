@@ -48,22 +48,18 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   auto kernel = forward_kernel<Traits>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelT::kSmemBytes);
   // Causal tiles differ in cost: a persistent grid claims them dynamically
-  // from a counter allocated in stream order, so concurrent calls on other
-  // streams (and graph capture) each get their own.
+  // from a counter that is the stream's own, so concurrent calls on other
+  // streams each have theirs (a graph gets one of its own: tile_counter).
   bool const dynamic = Traits::kCausal && a.options.persistent && grid < num_tiles;
-  params.tile_counter = nullptr;
-  if (dynamic && err == cudaSuccess) {
-    err = scratch_alloc_async(reinterpret_cast<void**>(&params.tile_counter), sizeof(int), device.id, stream);
-  }
-  if (dynamic && err == cudaSuccess) err = cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream);
+  TileCounter counter;
+  if (dynamic && err == cudaSuccess) err = counter.acquire(device.id, stream);
+  params.tile_counter = counter.get();
   if (err == cudaSuccess) {
     kernel<<<grid, KernelT::kNumThreads, KernelT::kSmemBytes, stream>>>(params);
     err = cudaGetLastError();
   }
-  if (dynamic && params.tile_counter != nullptr) {
-    cudaError_t const free_err = cudaFreeAsync(params.tile_counter, stream);
-    if (err == cudaSuccess) err = free_err;
-  }
+  cudaError_t const release_err = counter.release(stream);
+  if (err == cudaSuccess) err = release_err;
   if (err != cudaSuccess) {
     return Status(Status::Code::kCudaError, std::string("forward kernel launch: ") + cudaGetErrorString(err));
   }
