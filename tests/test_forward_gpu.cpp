@@ -220,10 +220,10 @@ TEST(Forward, StridesBeyond2To31Elements) {
   }
 }
 
-TEST(Forward, CausalTileCounterInCapturedGraph) {
+TEST(Forward, TileCounterInCapturedGraph) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  // A causal persistent launch with more tiles than SMs claims its tiles from
-  // a counter that each launch leaves zero: the stream's own in a direct
+  // A persistent launch with more tiles than SMs claims its tiles from a
+  // counter that each launch leaves zero: the stream's own in a direct
   // call, the graph's own allocation under capture. A second direct call and
   // two replays must give bitwise what the first call gives (a tile's result
   // does not depend on the CTA that claims it); a counter left past zero
@@ -239,39 +239,42 @@ TEST(Forward, CausalTileCounterInCapturedGraph) {
     for (uint16_t& x : host) x = to_bits(normal(rng), DType::kBF16);
     CUDA_OK(cudaMemcpy(dst, host.data(), elems * 2, cudaMemcpyHostToDevice));
   }
-  flash3::ForwardArgs a =
-      flash3::reference::dense_forward_args(DType::kBF16, batch, seqlen, heads, d, q.ptr, k.ptr, v.ptr, o.ptr);
-  a.causal = true;
-  flash3::Status s = flash3::forward(a, nullptr);
-  if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
-  ASSERT_TRUE(s.ok()) << s.message();
-  std::vector<uint16_t> direct(elems), again(elems), replayed(elems);
-  CUDA_OK(cudaMemcpy(direct.data(), o.ptr, elems * 2, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemset(o.ptr, 0xff, elems * 2));  // poison
-  ASSERT_TRUE(flash3::forward(a, nullptr).ok());
-  CUDA_OK(cudaMemcpy(again.data(), o.ptr, elems * 2, cudaMemcpyDeviceToHost));
-  EXPECT_TRUE(again == direct) << "second direct call";
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    flash3::ForwardArgs a =
+        flash3::reference::dense_forward_args(DType::kBF16, batch, seqlen, heads, d, q.ptr, k.ptr, v.ptr, o.ptr);
+    a.causal = causal;
+    flash3::Status s = flash3::forward(a, nullptr);
+    if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
+    ASSERT_TRUE(s.ok()) << s.message();
+    std::vector<uint16_t> direct(elems), again(elems), replayed(elems);
+    CUDA_OK(cudaMemcpy(direct.data(), o.ptr, elems * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemset(o.ptr, 0xff, elems * 2));  // poison
+    ASSERT_TRUE(flash3::forward(a, nullptr).ok());
+    CUDA_OK(cudaMemcpy(again.data(), o.ptr, elems * 2, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(again == direct) << "second direct call";
 
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  a.o = flash3::contiguous<void*>(o_graph.ptr, seqlen, heads, d);
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  s = flash3::forward(a, stream);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_TRUE(s.ok()) << s.message();
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 2; ++replay) {
-    CUDA_OK(cudaMemsetAsync(o_graph.ptr, 0xff, elems * 2, stream));  // poison
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-    CUDA_OK(cudaMemcpy(replayed.data(), o_graph.ptr, elems * 2, cudaMemcpyDeviceToHost));
-    EXPECT_TRUE(replayed == direct) << "replay " << replay;
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    a.o = flash3::contiguous<void*>(o_graph.ptr, seqlen, heads, d);
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    s = flash3::forward(a, stream);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    ASSERT_TRUE(s.ok()) << s.message();
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+      CUDA_OK(cudaMemsetAsync(o_graph.ptr, 0xff, elems * 2, stream));  // poison
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      CUDA_OK(cudaMemcpy(replayed.data(), o_graph.ptr, elems * 2, cudaMemcpyDeviceToHost));
+      EXPECT_TRUE(replayed == direct) << "replay " << replay;
+    }
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(stream));
   }
-  CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 TEST(Forward, NoKeysGivesZerosAndInfiniteLse) {

@@ -38,10 +38,12 @@ struct Kernel {
     typename MainloopT::Params mainloop;
     typename EpilogueT::Params epilogue;
     TileScheduler scheduler;
-    // Zero at the launch: tiles are then claimed with atomicAdd, each CTA
-    // taking the next when it finishes one (greedy LPT, for the causal mask's
-    // unequal tiles), and the launch leaves it zero. nullptr: CTA c takes
-    // tiles c, c + grid, ... (equal tiles).
+    // Zero at the launch: tiles past the first wave are then claimed with
+    // atomicAdd, each CTA taking the next when it finishes one (greedy LPT
+    // for the causal mask's unequal tiles; equal tiles too, which the SMs
+    // finish at different times), and the launch leaves it zero. nullptr:
+    // CTA c takes tiles c, c + grid, ... (no more tiles than CTAs, or the
+    // ablation without persistence).
     int* tile_counter;
   };
 
