@@ -145,9 +145,11 @@ Status validate(const ForwardArgs& args);
 // O = softmax(scale * Q K^T [+ causal mask]) V, and the LSE if asked for.
 // Validates first (including that the current device is sm_90), then enqueues
 // the kernel on `stream`. Asynchronous: errors of the kernel itself surface at
-// the next synchronization, as with any CUDA launch. A causal launch with
-// more tiles than SMs takes a 4-byte tile counter in stream order from a
-// memory pool flash3 keeps per device (under graph capture, the graph's own).
+// the next synchronization, as with any CUDA launch. A launch with more
+// tiles than SMs claims them from a 4-byte counter that flash3 allocates in
+// stream order the first time a stream is used, keeps for the process's
+// lifetime, and that every launch leaves zero (under graph capture, the
+// graph's own allocation).
 Status forward(const ForwardArgs& args, cudaStream_t stream);
 
 // The gradients of forward(): dQ, dK, dV from dO, for training.
