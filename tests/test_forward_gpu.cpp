@@ -10,8 +10,10 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "api/device.h"
 #include "flash3/flash3.h"
 #include "gpu_test_util.h"
 #include "reference.h"
@@ -275,6 +277,51 @@ TEST(Forward, TileCounterInCapturedGraph) {
     CUDA_OK(cudaGraphDestroy(graph));
     CUDA_OK(cudaStreamDestroy(stream));
   }
+}
+
+TEST(TileCounter, OnePerStreamAndPerHostThread) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  // Launches on one stream run in order and may share a counter; launches on
+  // two streams may run at once and must not. cudaStreamPerThread names a
+  // different stream in each host thread, so each thread gets its own. (A
+  // forward test cannot show this reliably: two persistent grids overlap only
+  // in their tails, after most of their claims.)
+  int device = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  cudaStream_t one, other;
+  CUDA_OK(cudaStreamCreateWithFlags(&one, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  flash3::TileCounter first, again, elsewhere;
+  ASSERT_EQ(first.acquire(device, one), cudaSuccess);
+  ASSERT_EQ(again.acquire(device, one), cudaSuccess);
+  ASSERT_EQ(elsewhere.acquire(device, other), cudaSuccess);
+  EXPECT_EQ(first.get(), again.get());
+  EXPECT_NE(first.get(), elsewhere.get());
+  int value = -1;
+  CUDA_OK(cudaMemcpyAsync(&value, first.get(), sizeof(int), cudaMemcpyDeviceToHost, one));
+  CUDA_OK(cudaStreamSynchronize(one));
+  EXPECT_EQ(value, 0);
+
+  int* per_thread[2][2] = {};
+  auto worker = [&](int w) {
+    cudaSetDevice(device);
+    for (int i = 0; i < 2; ++i) {
+      flash3::TileCounter counter;
+      if (counter.acquire(device, cudaStreamPerThread) == cudaSuccess) per_thread[w][i] = counter.get();
+      counter.release(cudaStreamPerThread);
+    }
+  };
+  std::thread t0(worker, 0), t1(worker, 1);
+  t0.join();
+  t1.join();
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_NE(per_thread[w][0], nullptr);
+    EXPECT_EQ(per_thread[w][0], per_thread[w][1]) << "thread " << w;
+  }
+  EXPECT_NE(per_thread[0][0], per_thread[1][0]);
+  for (flash3::TileCounter* c : {&first, &again, &elsewhere}) EXPECT_EQ(c->release(one), cudaSuccess);
+  CUDA_OK(cudaStreamDestroy(one));
+  CUDA_OK(cudaStreamDestroy(other));
 }
 
 TEST(Forward, NoKeysGivesZerosAndInfiniteLse) {

@@ -147,9 +147,9 @@ Status validate(const ForwardArgs& args);
 // the kernel on `stream`. Asynchronous: errors of the kernel itself surface at
 // the next synchronization, as with any CUDA launch. A launch with more
 // tiles than SMs claims them from a 4-byte counter that flash3 allocates in
-// stream order the first time a stream is used, keeps for the process's
-// lifetime, and that every launch leaves zero (under graph capture, the
-// graph's own allocation).
+// stream order the first time a stream (cudaStreamPerThread: a host thread)
+// is used, keeps for the process's lifetime, and that every launch leaves
+// zero (under graph capture, the graph's own allocation).
 Status forward(const ForwardArgs& args, cudaStream_t stream);
 
 // The gradients of forward(): dQ, dK, dV from dO, for training.

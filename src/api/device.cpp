@@ -31,6 +31,18 @@ Status query_device(DeviceInfo& info) {
   return Status();
 }
 
+namespace {
+
+// A counter allocated and zeroed in stream order, never freed: it stays valid
+// on its stream, and on a later stream given the same handle, which only
+// exists once this one's work has finished and left the counter zero.
+cudaError_t new_counter(int** counter, cudaStream_t stream) {
+  cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(counter), sizeof(int), stream);
+  return err == cudaSuccess ? cudaMemsetAsync(*counter, 0, sizeof(int), stream) : err;
+}
+
+}  // namespace
+
 cudaError_t TileCounter::acquire(int device, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaError_t err = cudaStreamIsCapturing(stream, &capture);
@@ -40,22 +52,20 @@ cudaError_t TileCounter::acquire(int device, cudaStream_t stream) {
     graph_owned_ = err == cudaSuccess;
     return err == cudaSuccess ? cudaMemsetAsync(ptr_, 0, sizeof(int), stream) : err;
   }
+  if (stream == cudaStreamPerThread) {
+    // One handle, a different stream in each host thread: the thread's own.
+    thread_local std::map<int, int*> per_thread;
+    int*& counter = per_thread[device];
+    if (counter == nullptr && (err = new_counter(&counter, stream)) != cudaSuccess) return err;
+    ptr_ = counter;
+    return cudaSuccess;
+  }
   static std::mutex mutex;
   static std::map<std::pair<int, cudaStream_t>, int*> counters;
   std::lock_guard<std::mutex> lock(mutex);
-  auto const key = std::make_pair(device, stream);
-  auto it = counters.find(key);
-  if (it == counters.end()) {
-    // Never freed: a stream-ordered allocation stays valid on this stream,
-    // and on a later stream given the same handle, which only exists once
-    // this one's work has finished and left the counter zero.
-    int* counter = nullptr;
-    err = cudaMallocAsync(reinterpret_cast<void**>(&counter), sizeof(int), stream);
-    if (err == cudaSuccess) err = cudaMemsetAsync(counter, 0, sizeof(int), stream);
-    if (err != cudaSuccess) return err;
-    it = counters.emplace(key, counter).first;
-  }
-  ptr_ = it->second;
+  int*& counter = counters[std::make_pair(device, stream)];
+  if (counter == nullptr && (err = new_counter(&counter, stream)) != cudaSuccess) return err;
+  ptr_ = counter;
   return cudaSuccess;
 }
 

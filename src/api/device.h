@@ -26,7 +26,8 @@ Status query_device(DeviceInfo& info);
 //   zeroed in stream order when first used and kept for the process's
 //   lifetime. Launches on one stream run one after another, so none needs a
 //   memset before it (+1-2% on short causal calls, performance record run
-//   72), and calls on other streams have their own.
+//   72), and calls on other streams have their own. cudaStreamPerThread, one
+//   handle for a different stream in each host thread, has one per thread.
 // - Under graph capture the counter is the graph's own allocation, zeroed and
 //   freed by its nodes: replays may run on any stream, beside direct calls.
 class TileCounter {
