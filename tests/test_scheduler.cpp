@@ -92,13 +92,14 @@ TEST(TileScheduler, SectionsOfEqualSize) {
 }
 
 // Brute force: which key blocks hold a visible column, which a masked one.
-BlockRange brute_force(int m_block, int bm, int bn, int sq, int sk, bool causal) {
+// Tile m_block holds rows [m_block * bm - row_offset, + bm).
+BlockRange brute_force(int m_block, int bm, int bn, int sq, int sk, bool causal, int row_offset = 0) {
   int n_blocks = (sk + bn - 1) / bn;
   int n_max = 0, n_mask = n_blocks;
   for (int n = 0; n < n_blocks; ++n) {
     bool any_visible = false, any_masked = false;
-    for (int r = m_block * bm; r < (m_block + 1) * bm; ++r) {
-      if (r >= sq) continue;  // rows past seqlen_q are not stored
+    for (int r = m_block * bm - row_offset; r < (m_block + 1) * bm - row_offset; ++r) {
+      if (r < 0 || r >= sq) continue;  // rows outside the sequence are not stored
       for (int c = n * bn; c < (n + 1) * bn; ++c) {
         bool visible = c < sk && (!causal || c <= r + sk - sq);
         any_visible |= visible;
@@ -126,23 +127,34 @@ std::set<std::pair<int, int>> forward_tiles() {
   return tiles;
 }
 
+// Every row offset a causal launch can start its first tile with (multiples
+// of 64 below block M), and none.
+std::vector<int> row_offsets(int bm) {
+  std::vector<int> offsets;
+  for (int off = 0; off < bm; off += 64) offsets.push_back(off);
+  return offsets;
+}
+
 TEST(BlockRange, MatchesBruteForce) {
   for (bool causal : {false, true}) {
     for (auto const& [bm, bn] : forward_tiles()) {
-      for (int sq : {1, 7, 128, 200, 513}) {
-        for (int sk : {1, 7, 128, 200, 513, 1000}) {
-          for (int m = 0; m * bm < sq; ++m) {
-            std::string const where = std::to_string(causal) + " " + std::to_string(bm) + "x" + std::to_string(bn) +
-                                      " " + std::to_string(sq) + " " + std::to_string(sk) + " " + std::to_string(m);
-            BlockRange got = flash3::block_range(m, bm, bn, sq, sk, causal);
-            BlockRange want = brute_force(m, bm, bn, sq, sk, causal);
-            ASSERT_EQ(got.n_block_max, want.n_block_max) << where;
-            if (want.n_block_max > 0) {
-              // Every block that holds a masked column must be masked; masking
-              // a few more (clamped below by n_block_max) costs time, not correctness.
-              ASSERT_LE(std::min(got.n_block_mask, got.n_block_max), std::min(want.n_block_mask, want.n_block_max))
-                  << where;
-              ASSERT_GE(got.n_block_mask, want.n_block_mask - 1) << where;
+      for (int off : row_offsets(bm)) {
+        for (int sq : {1, 7, 128, 200, 513}) {
+          for (int sk : {1, 7, 128, 200, 513, 1000}) {
+            for (int m = 0; m * bm - off < sq; ++m) {
+              std::string const where = std::to_string(causal) + " " + std::to_string(bm) + "x" + std::to_string(bn) +
+                                        " " + std::to_string(sq) + " " + std::to_string(sk) + " " + std::to_string(m) +
+                                        " offset " + std::to_string(off);
+              BlockRange got = flash3::block_range(m, bm, bn, sq, sk, causal, off);
+              BlockRange want = brute_force(m, bm, bn, sq, sk, causal, off);
+              ASSERT_EQ(got.n_block_max, want.n_block_max) << where;
+              if (want.n_block_max > 0) {
+                // Every block that holds a masked column must be masked; masking
+                // a few more (clamped below by n_block_max) costs time, not correctness.
+                ASSERT_LE(std::min(got.n_block_mask, got.n_block_max), std::min(want.n_block_mask, want.n_block_max))
+                    << where;
+                ASSERT_GE(got.n_block_mask, want.n_block_mask - 1) << where;
+              }
             }
           }
         }
@@ -157,19 +169,24 @@ TEST(BlockRange, MatchesBruteForce) {
 TEST(BlockRange, WarpgroupRangeMatchesBruteForce) {
   for (bool causal : {false, true}) {
     for (auto const& [bm, bn] : forward_tiles()) {
-      for (int sq : {1, 7, 64, 65, 200, 513}) {
-        for (int sk : {1, 7, 128, 200, 513, 1000}) {
-          for (int m = 0; m * bm < sq; ++m) {
-            int const tile_max = flash3::block_range(m, bm, bn, sq, sk, causal).n_block_max;
-            for (int g = 0; g < bm / 64; ++g) {
-              std::string const where = std::to_string(causal) + " " + std::to_string(bm) + "x" +
-                                        std::to_string(bn) + " " + std::to_string(sq) + " " + std::to_string(sk) +
-                                        " m " + std::to_string(m) + " group " + std::to_string(g);
-              BlockRange const got = flash3::warpgroup_block_range(m, bm, g, bn, sq, sk, causal);
-              // Rows m * bm + 64 g ... + 63 are brute_force's 64-row block m * bm / 64 + g.
-              int const want = brute_force(m * bm / 64 + g, 64, bn, sq, sk, causal).n_block_max;
-              ASSERT_EQ(got.empty() ? 0 : got.n_block_max, want) << where;
-              ASSERT_LE(want, tile_max) << where;
+      for (int off : row_offsets(bm)) {
+        for (int sq : {1, 7, 64, 65, 200, 513}) {
+          for (int sk : {1, 7, 128, 200, 513, 1000}) {
+            for (int m = 0; m * bm - off < sq; ++m) {
+              int const tile_max = flash3::block_range(m, bm, bn, sq, sk, causal, off).n_block_max;
+              for (int g = 0; g < bm / 64; ++g) {
+                std::string const where = std::to_string(causal) + " " + std::to_string(bm) + "x" +
+                                          std::to_string(bn) + " " + std::to_string(sq) + " " + std::to_string(sk) +
+                                          " m " + std::to_string(m) + " group " + std::to_string(g) + " offset " +
+                                          std::to_string(off);
+                BlockRange const got = flash3::warpgroup_block_range(m, bm, g, bn, sq, sk, causal, off);
+                // Rows m * bm + 64 g - off ... + 63 are brute_force's 64-row block m * bm / 64 + g - off / 64
+                // (empty when negative).
+                int const block = m * bm / 64 + g - off / 64;
+                int const want = block < 0 ? 0 : brute_force(block, 64, bn, sq, sk, causal).n_block_max;
+                ASSERT_EQ(got.empty() ? 0 : got.n_block_max, want) << where;
+                ASSERT_LE(want, tile_max) << where;
+              }
             }
           }
         }

@@ -17,8 +17,12 @@ struct BlockRange {
   FLASH3_HOST_DEVICE bool empty() const { return n_block_max <= n_block_min; }
 };
 
+// Tile m_block holds query rows [m_block * block_m - row_offset, + block_m):
+// a causal launch starts its first tile above the sequence, so that its
+// partial tile is the top one, whose rows see the fewest keys, rather than
+// the bottom one, whose rows see them all (launch_forward).
 FLASH3_HOST_DEVICE BlockRange block_range(int m_block, int block_m, int block_n, int seqlen_q, int seqlen_k,
-                                          bool causal) {
+                                          bool causal, int row_offset = 0) {
   BlockRange r;
   int const num_n_blocks = div_up(seqlen_k, block_n);
   r.n_block_min = 0;
@@ -27,27 +31,29 @@ FLASH3_HOST_DEVICE BlockRange block_range(int m_block, int block_m, int block_n,
   r.n_block_mask = (seqlen_k % block_n == 0) ? num_n_blocks : num_n_blocks - 1;
   if (causal) {
     int const offset = seqlen_k - seqlen_q;
-    // The last row of the tile sees up to column (m_block+1)*block_m - 1 + offset.
-    int const last_row = (m_block + 1) * block_m - 1;
+    int const first_row = m_block * block_m - row_offset < 0 ? 0 : m_block * block_m - row_offset;
+    int const last_row = (m_block + 1) * block_m - 1 - row_offset;
+    // The last row of the tile sees up to column last_row + offset.
     int const last_visible = (last_row < seqlen_q ? last_row : seqlen_q - 1) + offset;
     int const n_max = last_visible < 0 ? 0 : last_visible / block_n + 1;
     if (n_max < r.n_block_max) r.n_block_max = n_max;
-    // Block n holds a column past the first row's limit iff (n+1)*block_n - 1 > m_block*block_m + offset.
-    int const first_cut = div_floor(m_block * block_m + offset + 1, block_n);
+    // Block n holds a column past the first row's limit iff (n+1)*block_n - 1 > first_row + offset.
+    int const first_cut = div_floor(first_row + offset + 1, block_n);
     int const first_cut_clamped = first_cut < 0 ? 0 : first_cut;
     if (first_cut_clamped < r.n_block_mask) r.n_block_mask = first_cut_clamped;
   }
   return r;
 }
 
-// The key blocks that one consumer warpgroup's rows see: rows [m_block *
-// block_m + 64 * group, + 64) of the tile. Empty when they all lie past
-// seqlen_q or see no key. With the causal mask its n_block_max can be below
-// the tile's: the blocks in between are all masked for these rows.
+// The key blocks that one consumer warpgroup's rows see: the tile's rows
+// 64 * group .. + 63 (row_offset is a multiple of 64, so they are one 64-row
+// block of the sequence). Empty when they all lie outside the sequence or see
+// no key. With the causal mask its n_block_max can be below the tile's: the
+// blocks in between are all masked for these rows.
 FLASH3_HOST_DEVICE BlockRange warpgroup_block_range(int m_block, int block_m, int group, int block_n, int seqlen_q,
-                                                    int seqlen_k, bool causal) {
-  int const rows = m_block * (block_m / 64) + group;  // the warpgroup's block of 64 rows
-  if (rows * 64 >= seqlen_q) return {0, 0, 0};
+                                                    int seqlen_k, bool causal, int row_offset = 0) {
+  int const rows = m_block * (block_m / 64) + group - row_offset / 64;  // the warpgroup's block of 64 rows
+  if (rows < 0 || rows * 64 >= seqlen_q) return {0, 0, 0};
   return block_range(rows, 64, block_n, seqlen_q, seqlen_k, causal);
 }
 

@@ -1,8 +1,10 @@
 // The forward epilogue (Algorithm 1, line 25): O from registers to shared
-// memory (stmatrix), then to global memory by TMA stores, in one piece or,
-// where shared memory holds only half of it, in two column halves; the LSE
-// straight from registers. Rows past seqlen_q are clipped by the TMA store's
-// bounds.
+// memory (stmatrix), then to global memory by TMA stores (of the whole tile,
+// or of each warpgroup's rows: FwdTraits::TileShapeOStore), all columns at
+// once or, where shared memory holds only half of O, in two column halves;
+// the LSE straight from registers. Only rows of the sequence are written:
+// blocks above it (a causal launch's first tile) are skipped, and the TMA
+// store's bounds clip the rows past seqlen_q.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -22,13 +24,17 @@ struct Epilogue {
   static constexpr int kNumConsumerThreads = Traits::kNumConsumerThreads;
   using TileShapePV = typename Traits::TileShapePV;
   using TileShapeOChunk = typename Traits::TileShapeOChunk;
+  using TileShapeOStore = typename Traits::TileShapeOStore;
   static constexpr int kOChunks = Traits::kOChunks;
+  static constexpr int kStoreRows = Traits::kOStoreRows;
+  static constexpr int kStores = kBlockM / kStoreRows;  // per chunk
   using SmemLayoutO = typename Traits::SmemLayoutO;
+  using SmemLayoutOStore = typename Traits::SmemLayoutOStore;
   using SharedStorage = typename Traits::SharedStorage;
 
   using GmemShape = typename Traits::GmemShape;
   using GmemTensor = typename Traits::template GmemTensor<Element>;
-  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutO{}, TileShapeOChunk{}, _1{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutOStore{}, TileShapeOStore{}, _1{}));
 
   struct Params {
     TmaO tma_o;
@@ -36,11 +42,12 @@ struct Epilogue {
     float* lse;  // [batch, heads, seqlen_q] or nullptr
     int seqlen_q;
     int num_heads;
+    int row_offset;  // tile m_block holds rows m_block * kBlockM - row_offset, ... (block_range)
   };
 
-  static Params make_params(GmemTensor const& o, float* lse, int seqlen_q, int num_heads) {
-    return {make_tma_copy(SM90_TMA_STORE{}, o, SmemLayoutO{}, TileShapeOChunk{}, _1{}), o.shape(), lse, seqlen_q,
-            num_heads};
+  static Params make_params(GmemTensor const& o, float* lse, int seqlen_q, int num_heads, int row_offset) {
+    return {make_tma_copy(SM90_TMA_STORE{}, o, SmemLayoutOStore{}, TileShapeOStore{}, _1{}), o.shape(), lse,
+            seqlen_q, num_heads, row_offset};
   }
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -63,7 +70,7 @@ struct Epilogue {
     auto thr_r2s = r2s.get_thread_slice(thread_idx);
     Tensor dst = thr_r2s.partition_D(sO);
     Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
-    Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), TileShapeOChunk{}, make_coord(tile.m_block, _));
+    Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), TileShapeOStore{}, make_coord(_, _));  // (rows, W, i, chunk)
     auto tma_o = p.tma_o.get_slice(_0{});
 
     for_each(make_int_sequence<kOChunks>{}, [&](auto chunk) {
@@ -81,7 +88,17 @@ struct Epilogue {
       cutlass::arch::fence_view_async_shared();
       cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
       if (thread_idx == 0) {
-        copy(p.tma_o, tma_o.partition_S(sO), tma_o.partition_D(gO(_, _, chunk)));
+        CUTE_UNROLL
+        for (int part = 0; part < kStores; ++part) {
+          // The block of the sequence this part of the tile holds: blocks
+          // wholly outside the sequence are not stored, one partly past its
+          // end is clipped by the TMA store's bounds.
+          int const block = tile.m_block * kStores + part - p.row_offset / kStoreRows;
+          if (block < 0 || block * kStoreRows >= p.seqlen_q) continue;
+          Tensor sO_part = make_tensor(make_smem_ptr(smem.o.data() + part * cosize(SmemLayoutOStore{})),
+                                       SmemLayoutOStore{});
+          copy(p.tma_o, tma_o.partition_S(sO_part), tma_o.partition_D(gO(_, _, block, chunk)));
+        }
         tma_store_arrive();
       }
     });
@@ -95,8 +112,8 @@ struct Epilogue {
         int64_t const base = (int64_t(tile.batch) * p.num_heads + tile.head) * p.seqlen_q;
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
-          int const row = tile.m_block * kBlockM + get<0>(rc(r, 0));
-          if (row < p.seqlen_q) p.lse[base + row] = lse[r];
+          int const row = tile.m_block * kBlockM - p.row_offset + get<0>(rc(r, 0));
+          if (row >= 0 && row < p.seqlen_q) p.lse[base + row] = lse[r];
         }
       }
     }

@@ -130,7 +130,7 @@ struct Kernel {
     int const num_tiles = scheduler.num_tiles();
     auto range_of = [&](TileCoord tile) {
       return block_range(tile.m_block, Traits::kBlockM, Traits::kBlockN, params.mainloop.seqlen_q,
-                         params.mainloop.seqlen_k, Traits::kCausal);
+                         params.mainloop.seqlen_k, Traits::kCausal, params.mainloop.row_offset);
     };
 
     if (transposer) {

@@ -29,15 +29,19 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
     k_scale = make_scale_view(a.fp8.k, g, a.heads_kv, a.seqlen_k, Traits::kScaleBlockN);
     v_scale = make_scale_view(a.fp8.v, g, a.heads_kv, a.seqlen_k, Traits::kScaleBlockN);
   }
+  // FwdTraits::kPartialTileFirst: the first tile starts above the sequence
+  // by whole warpgroups' 64 rows (run 78).
+  int const row_offset =
+      Traits::kPartialTileFirst ? int((Traits::kBlockM - a.seqlen_q % Traits::kBlockM) % Traits::kBlockM / 64 * 64) : 0;
   params.mainloop = KernelT::MainloopT::make_params(
       gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch), gmem_tensor<Traits>(a.k, a.seqlen_k, a.heads_kv, a.batch),
       gmem_tensor<Traits>(a.v, a.seqlen_k, a.heads_kv, a.batch), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
-      int(a.seqlen_k), scale, q_scale, k_scale, v_scale);
+      int(a.seqlen_k), row_offset, scale, q_scale, k_scale, v_scale);
   params.epilogue = KernelT::EpilogueT::make_params(
       gmem_tensor<Traits, void*, typename Traits::ElementO>(a.o, a.seqlen_q, a.heads_q, a.batch), a.lse,
-      int(a.seqlen_q), int(a.heads_q));
+      int(a.seqlen_q), int(a.heads_q), row_offset);
 
-  int const num_m_blocks = int((a.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
+  int const num_m_blocks = int((a.seqlen_q + row_offset + Traits::kBlockM - 1) / Traits::kBlockM);
   // K and V bytes one query head reads, shared by the heads of its GQA group.
   int64_t const kv_bytes = 2 * a.seqlen_k * a.head_dim * int64_t(sizeof(typename Traits::Element)) /
                            (a.heads_q / a.heads_kv);

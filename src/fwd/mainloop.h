@@ -54,6 +54,7 @@ struct Mainloop {
     int head_group;  // heads_q / heads_kv: query heads sharing one K/V head
     int seqlen_q;
     int seqlen_k;
+    int row_offset;    // tile m_block holds rows m_block * kBlockM - row_offset, ... (block_range)
     float scale_log2;  // softmax_scale * log2(e)
     // FP8's descale factors, per (batch, head, block) of Q (block M) and of
     // K and V (block N).
@@ -63,8 +64,8 @@ struct Mainloop {
   };
 
   static Params make_params(GmemTensor const& q, GmemTensor const& k, GmemTensor const& v, int head_group,
-                            int seqlen_q, int seqlen_k, float softmax_scale, ScaleView q_scale = {},
-                            ScaleView k_scale = {}, ScaleView v_scale = {}) {
+                            int seqlen_q, int seqlen_k, int row_offset, float softmax_scale,
+                            ScaleView q_scale = {}, ScaleView k_scale = {}, ScaleView v_scale = {}) {
     return {make_tma_copy(SM90_TMA_LOAD{}, q, SmemLayoutQ{}, select<0, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(SmemLayoutV{}), select<1, 2>(TileShapeQK{}), _1{}),
@@ -73,6 +74,7 @@ struct Mainloop {
             head_group,
             seqlen_q,
             seqlen_k,
+            row_offset,
             softmax_scale * float(M_LOG2E),
             q_scale,
             k_scale,
@@ -108,8 +110,10 @@ struct Mainloop {
 
     CUTE_DEVICE void q() const {
       if (!leader) return;
-      Tensor gQ = local_tile(p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, tile.batch),
-                             select<0, 2>(TileShapeQK{}), make_coord(tile.m_block, _0{}));
+      // Rows above the sequence (a causal launch's first tile) load as zeros.
+      Tensor mQ = domain_offset(make_coord(-p.row_offset, _0{}),
+                                p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, tile.batch));
+      Tensor gQ = local_tile(mQ, select<0, 2>(TileShapeQK{}), make_coord(tile.m_block, _0{}));
       Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
       auto tma = p.tma_q.get_slice(_0{});
       // The barrier's arrive publishes Q's descale with Q's bytes.
@@ -233,7 +237,7 @@ struct Mainloop {
       // mainloop's R2UR moves: that kernel keeps every warpgroup busy.)
       int const group = cutlass::canonical_warp_group_idx() - 1;
       BlockRange const own = warpgroup_block_range(tile.m_block, kBlockM, group, kBlockN, p.seqlen_q, p.seqlen_k,
-                                                   Traits::kCausal);
+                                                   Traits::kCausal, p.row_offset);
       if (own.empty()) {
         idle(pipeline_k, pipeline_v, read_k, read_v, range, warp_group);
         return 1.f;
@@ -307,7 +311,8 @@ struct Mainloop {
       rescale_rows(tOrO, o_scale);
     };
 
-    Mask<Traits::kCausal, kBlockM, kBlockN, typename Traits::TiledMmaQK> const mask{p.seqlen_q, p.seqlen_k};
+    Mask<Traits::kCausal, kBlockM, kBlockN, typename Traits::TiledMmaQK> const mask{p.seqlen_q, p.seqlen_k,
+                                                                                    p.row_offset};
 
     smem.barrier_q.wait(q_phase);
     if (range.empty()) {

@@ -131,9 +131,21 @@ struct FwdTraits {
   static constexpr int kOChunks = kQBytes + kOBytes + (kFp8 ? 3 : 2) * kKVBytes + 1024 <= kSmemLimit ? 1 : 2;
   using OChunkWidth = Int<kHeadDim / kOChunks>;
   using TileShapeOChunk = Shape<Int<kBlockM>, OChunkWidth>;
-  using SmemLayoutO = decltype(tile_to_shape(
-      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, ElementO, Int<kBlockM>, OChunkWidth>(),
-      TileShapeOChunk{}));
+  // Where a sequence's partial tile holds only one of three warpgroups'
+  // rows, a causal launch makes it the first tile, whose rows see the fewest
+  // keys, rather than the last, whose rows see them all: its tiles start
+  // above the sequence by whole warpgroups (block_range; launch_forward).
+  // Not FP8, whose Q scale blocks are the tiles.
+  static constexpr bool kPartialTileFirst = kCausal && !kFp8 && kNumConsumerWarpGroups == 3;
+  // O leaves by TMA stores of this shape: with kPartialTileFirst one per
+  // warpgroup's 64 rows (a TMA store may not start at a negative row: it
+  // traps), each a block of its own in the buffer; else the whole tile.
+  static constexpr int kOStoreRows = kPartialTileFirst ? 64 : kBlockM;
+  using TileShapeOStore = Shape<Int<kOStoreRows>, OChunkWidth>;
+  using SmemLayoutOStore = decltype(tile_to_shape(
+      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, ElementO, Int<kOStoreRows>, OChunkWidth>(),
+      TileShapeOStore{}));
+  using SmemLayoutO = decltype(tile_to_shape(SmemLayoutOStore{}, TileShapeOChunk{}));
   // The accumulator layout of an O chunk: a thread's fragment of O holds its
   // column groups outermost, so chunk c is the c-th contiguous slice of it.
   using TiledMmaOChunk = TiledMmaPVOver<OChunkWidth>;
