@@ -195,6 +195,28 @@ TEST(BlockRange, WarpgroupRangeMatchesBruteForce) {
   }
 }
 
+// A causal launch's first tile offset: whole warpgroups, below block M, and
+// the tiles then hold every row once, with the rows missing from a full tile
+// at the top but for fewer than 64 at the bottom.
+TEST(BlockRange, FirstTileRowOffset) {
+  for (int bm : {128, 192}) {
+    for (int sq = 1; sq <= 1000; ++sq) {
+      int const off = flash3::first_tile_row_offset(sq, bm, true);
+      ASSERT_EQ(off % 64, 0) << bm << " " << sq;
+      ASSERT_GE(off, 0);
+      ASSERT_LT(off, bm);
+      int const tiles = (sq + off + bm - 1) / bm;
+      int const past_end = tiles * bm - off - sq;  // the last tile's rows past the sequence
+      ASSERT_GE(past_end, 0) << bm << " " << sq;
+      ASSERT_LT(past_end, 64) << bm << " " << sq << ": the last tile lacks whole warpgroups";
+      EXPECT_EQ(flash3::first_tile_row_offset(sq, bm, false), 0);
+    }
+  }
+  EXPECT_EQ(flash3::first_tile_row_offset(1024, 192, true), 128);  // rows 960-1023 would have been the last tile
+  EXPECT_EQ(flash3::first_tile_row_offset(2048, 192, true), 64);
+  EXPECT_EQ(flash3::first_tile_row_offset(1152, 192, true), 0);
+}
+
 // The backward's query blocks for a key block, against a scan of every
 // (query, key) pair.
 TEST(QueryRange, MatchesBruteForce) {

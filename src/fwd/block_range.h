@@ -45,6 +45,13 @@ FLASH3_HOST_DEVICE BlockRange block_range(int m_block, int block_m, int block_n,
   return r;
 }
 
+// The row offset of a launch's first tile: with partial_tile_first, the rows
+// above the sequence that make its partial tile the first one, in whole
+// warpgroups of 64 (so that the last tile lacks fewer than 64 rows); else 0.
+FLASH3_HOST_DEVICE int first_tile_row_offset(int64_t seqlen_q, int block_m, bool partial_tile_first) {
+  return partial_tile_first ? int((block_m - seqlen_q % block_m) % block_m / 64 * 64) : 0;
+}
+
 // The key blocks that one consumer warpgroup's rows see: the tile's rows
 // 64 * group .. + 63 (row_offset is a multiple of 64, so they are one 64-row
 // block of the sequence). Empty when they all lie outside the sequence or see

@@ -31,8 +31,7 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   }
   // FwdTraits::kPartialTileFirst: the first tile starts above the sequence
   // by whole warpgroups' 64 rows (run 78).
-  int const row_offset =
-      Traits::kPartialTileFirst ? int((Traits::kBlockM - a.seqlen_q % Traits::kBlockM) % Traits::kBlockM / 64 * 64) : 0;
+  int const row_offset = first_tile_row_offset(a.seqlen_q, Traits::kBlockM, Traits::kPartialTileFirst);
   params.mainloop = KernelT::MainloopT::make_params(
       gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch), gmem_tensor<Traits>(a.k, a.seqlen_k, a.heads_kv, a.batch),
       gmem_tensor<Traits>(a.v, a.seqlen_k, a.heads_kv, a.batch), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
