@@ -33,12 +33,17 @@ Status query_device(DeviceInfo& info) {
 
 namespace {
 
-// A counter allocated and zeroed in stream order, never freed: it stays valid
-// on its stream, and on a later stream given the same handle, which only
-// exists once this one's work has finished and left the counter zero.
+// A counter allocated and zeroed in stream order. A stream's is never freed:
+// it stays valid on its stream, and on a later stream given the same handle,
+// which only exists once this one's work has finished and left it zero.
+// On failure to allocate, *counter is nullptr.
 cudaError_t new_counter(int** counter, cudaStream_t stream) {
-  cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(counter), sizeof(int), stream);
-  return err == cudaSuccess ? cudaMemsetAsync(*counter, 0, sizeof(int), stream) : err;
+  cudaError_t const err = cudaMallocAsync(reinterpret_cast<void**>(counter), sizeof(int), stream);
+  if (err != cudaSuccess) {
+    *counter = nullptr;
+    return err;
+  }
+  return cudaMemsetAsync(*counter, 0, sizeof(int), stream);
 }
 
 }  // namespace
@@ -48,24 +53,24 @@ cudaError_t TileCounter::acquire(int device, cudaStream_t stream) {
   cudaError_t err = cudaStreamIsCapturing(stream, &capture);
   if (err != cudaSuccess) return err;
   if (capture != cudaStreamCaptureStatusNone) {
-    err = cudaMallocAsync(reinterpret_cast<void**>(&ptr_), sizeof(int), stream);
-    graph_owned_ = err == cudaSuccess;
-    return err == cudaSuccess ? cudaMemsetAsync(ptr_, 0, sizeof(int), stream) : err;
+    err = new_counter(&ptr_, stream);
+    graph_owned_ = ptr_ != nullptr;
+    return err;
   }
+  int** counter;
+  std::unique_lock<std::mutex> lock;
   if (stream == cudaStreamPerThread) {
     // One handle, a different stream in each host thread: the thread's own.
     thread_local std::map<int, int*> per_thread;
-    int*& counter = per_thread[device];
-    if (counter == nullptr && (err = new_counter(&counter, stream)) != cudaSuccess) return err;
-    ptr_ = counter;
-    return cudaSuccess;
+    counter = &per_thread[device];
+  } else {
+    static std::mutex mutex;
+    static std::map<std::pair<int, cudaStream_t>, int*> per_stream;
+    lock = std::unique_lock<std::mutex>(mutex);
+    counter = &per_stream[std::make_pair(device, stream)];
   }
-  static std::mutex mutex;
-  static std::map<std::pair<int, cudaStream_t>, int*> counters;
-  std::lock_guard<std::mutex> lock(mutex);
-  int*& counter = counters[std::make_pair(device, stream)];
-  if (counter == nullptr && (err = new_counter(&counter, stream)) != cudaSuccess) return err;
-  ptr_ = counter;
+  if (*counter == nullptr && (err = new_counter(counter, stream)) != cudaSuccess) return err;
+  ptr_ = *counter;
   return cudaSuccess;
 }
 

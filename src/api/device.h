@@ -20,8 +20,8 @@ struct DeviceInfo {
 // kernels are built for sm_90a, which runs on compute capability 9.0 only).
 Status query_device(DeviceInfo& info);
 
-// The causal forward's tile counter: zero when a launch starts, and left zero
-// by it (fwd::Kernel::next_tile).
+// The forward's tile counter (persistent launches with more tiles than SMs):
+// zero when a launch starts, and left zero by it (fwd::Kernel::next_tile).
 // - A direct call uses its stream's own counter, one int per (device, stream),
 //   zeroed in stream order when first used and kept for the process's
 //   lifetime. Launches on one stream run one after another, so none needs a

@@ -227,9 +227,10 @@ struct Mainloop {
     int const warp_group = thread_idx / cutlass::NumThreadsPerWarpGroup;
     if constexpr (Traits::kWarpSpecialized) {
       // The key blocks this warpgroup's own 64 rows see. A warpgroup whose
-      // rows all lie past seqlen_q (in a sequence's last M-block) or see no
-      // key sits the tile out; with the causal mask, the first blocks of the
-      // walk (the highest) can be all masked for the upper warpgroups' rows
+      // rows all lie outside the sequence (past seqlen_q in its last M-block,
+      // or above it in a causal launch's first) or see no key sits the tile
+      // out; with the causal mask, the first blocks of the walk (the
+      // highest) can be all masked for the upper warpgroups' rows
       // (for warpgroup 0 of M-block m at head dim 256, one of 2m + 2), and
       // are passed by. (The warpgroup index is read afresh, warp-uniform:
       // derived from thread_idx it cost head dim 64 three spilled registers.
@@ -443,8 +444,8 @@ struct Mainloop {
   }
 
   // A warpgroup with no key to attend to in this tile: its 64 query rows all
-  // lie past seqlen_q (in a sequence's last M-block: at head dim 64 and
-  // seqlen 1024, two of the last tile's three), or see no key.
+  // lie outside the sequence (at head dim 64, causal, seqlen 1024: two of the
+  // first tile's three, above it), or see no key.
   CUTE_DEVICE static void idle(PipelineK& pipeline_k, PipelineV& pipeline_v, PipelineState& read_k,
                                PipelineState& read_v, BlockRange range, int warp_group) {
     int const blocks = range.n_block_max - range.n_block_min;
