@@ -35,6 +35,9 @@ if has sanitize; then
   # per-head dK/dV sum runs too, and deterministic mode's semaphores.
   bwd="--pass bwd --seqlen 200 --tokens 400 --hidden 512 --hdim 64,128,256 --gqa 2 --reps 1"
   bwd_det="--pass bwd --seqlen 300 --tokens 300 --hidden 256 --hdim 128,256 --causal 1 --deterministic --reps 1"
+  # More CTAs than a wave (160-192 of them): the last wave's tiles split into parts.
+  bwd_split="--pass bwd --seqlen 300 --tokens 300 --hidden 4096 --hdim 64 --causal 0 --reps 1"
+  bwd_split2="--pass bwd --seqlen 300 --tokens 600 --hidden 4096 --hdim 128,256 --causal 0 --reps 1"
   # FP8: the quantization and the kernel with its V transpose.
   fp8="--dtype e4m3 --seqlen 300 --tokens 600 --hidden 256 --hdim 64,128,256 --hadamard --reps 1"
   # Per-head scales: the quantizer's clusters of up to 16 CTAs per head.
@@ -44,7 +47,7 @@ if has sanitize; then
   # The ablation variant without warp specialization: several tiles per CTA.
   nows="--no-ws --seqlen 512 --tokens 8192 --hidden 512 --hdim 128 --reps 1 --no-check"
   for tool in memcheck racecheck synccheck; do
-    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$fp8" "$fp8_head" "$nows"; do
+    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$bwd_split" "$bwd_split2" "$fp8" "$fp8_head" "$nows"; do
       [ $tool = racecheck ] && [ "$args" = "$fp8_head" ] && args=$fp8_head_race
       timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/flash3-bench $args >>"$OUT/sanitize.log" 2>&1
       summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "bwd/tail_split.h"
+#include "bwd/workspace.h"
 #include "flash3/flash3.h"
 #include "gpu_test_util.h"
 #include "reference.h"
@@ -268,6 +270,29 @@ TEST(BackwardDeterministic, BitwiseEqualRuns) {
     bc.check(first);
   }
   if (!unsupported.empty()) GTEST_SKIP() << unsupported;
+}
+
+// Non-causal shapes with more CTAs than a wave and a few left over: the last
+// tiles are split into parts whose dK and dV sums the last part stores
+// (bwd/tail_split.h), through the TMA store (MHA) and the per-head fp32 path
+// (GQA).
+TEST(Backward, LastWaveSplit) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  uint32_t seed = 900;
+  for (int d : {64, 128, 256}) {
+    int const heads = 2048 / d;
+    for (Case const& c : {Case{DType::kBF16, d, false, 1, 1100, 1100, heads, heads},
+                          Case{DType::kBF16, d, false, 1, 1000, 1100, heads, heads / 4}}) {
+      int64_t const tiles = flash3::div_up(int(c.seqlen_k), flash3::bwd::bwd_block_n(d)) * int64_t(c.heads_q);
+      int const m_blocks = flash3::div_up(int(c.seqlen_q), flash3::bwd::bwd_block_m(d));
+      ASSERT_GT(flash3::bwd::plan_tail_split(tiles, sms, m_blocks, flash3::bwd::kMaxSplitTiles).split_tiles, 0)
+          << name(c) << ": no split on " << sms << " SMs";
+      run_case(c, seed++);
+    }
+  }
 }
 
 TEST(Backward, CallerWorkspace) {

@@ -1,6 +1,6 @@
 // The kernels' host-side arithmetic, checked on the CPU: the tile scheduler,
-// the key- and query-block ranges, the backward's workspace, the register
-// splits.
+// the key- and query-block ranges, the backward's workspace and last-wave
+// split, the register splits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "common/registers.h"
 #include "common/tile_scheduler.h"
 #include "bwd/query_range.h"
+#include "bwd/tail_split.h"
 #include "bwd/workspace.h"
 #include "fwd/block_range.h"
 #include "fwd/tile_size.h"
@@ -281,10 +282,70 @@ TEST(BackwardWorkspace, QueryBlocksFollowTheHeadDim) {
   for (int d : {64, 96, 128, 192, 256}) {
     int const bm = flash3::bwd::bwd_block_m(d);
     EXPECT_EQ(bm, d == 64 ? 128 : 64) << d;
-    flash3::bwd::WorkspaceLayout const w = flash3::bwd::workspace_layout(2, 200, 300, 8, 2, d, false);
+    flash3::bwd::WorkspaceLayout const w = flash3::bwd::workspace_layout(2, 200, 300, 8, 2, d, false, false);
     EXPECT_EQ(w.m_blocks, flash3::div_up(200, bm)) << d;
     // The dQ accumulator holds every padded row's d floats, before LSE and D.
     EXPECT_GE(w.lse_log2 - w.dq_accum, size_t(2) * 8 * w.m_blocks * bm * d * sizeof(float)) << d;
+    // The last wave's split tiles: without the mask, nor deterministic mode,
+    // up to kMaxSplitTiles (here 2 x 8 heads x div_up(300, block N) tiles).
+    int const tiles = 2 * 8 * flash3::div_up(300, flash3::bwd::bwd_block_n(d));
+    EXPECT_EQ(w.split_tiles, std::min(tiles, flash3::bwd::kMaxSplitTiles)) << d;
+    EXPECT_GE(w.bytes - w.split_sums, size_t(w.split_tiles) * flash3::bwd::split_tile_bytes(d)) << d;
+    EXPECT_EQ(flash3::bwd::workspace_layout(2, 200, 300, 8, 2, d, true, false).split_tiles, 0) << d;
+    EXPECT_EQ(flash3::bwd::workspace_layout(2, 200, 300, 8, 2, d, false, true).split_tiles, 0) << d;
+  }
+}
+
+// The paper's non-causal shapes on 132 SMs: head dim 64 (64 query blocks of
+// 128 rows at 8k) has 4096 CTAs, 4 in the 32nd wave; 128 and 256 have 2048,
+// 68 in the 16th. Those tiles are split, the others not.
+TEST(TailSplit, PlanForThePaperShapes) {
+  using flash3::bwd::plan_tail_split;
+  using flash3::bwd::TailSplit;
+  TailSplit const d64 = plan_tail_split(4096, 132, 64, flash3::bwd::kMaxSplitTiles);
+  EXPECT_EQ(d64.split_tiles, 4);
+  EXPECT_EQ(d64.parts, flash3::bwd::kMaxTailParts);
+  EXPECT_EQ(d64.ctas(4096), 4096 + 4 * 15);
+  TailSplit const d128 = plan_tail_split(2048, 132, 128, flash3::bwd::kMaxSplitTiles);
+  EXPECT_EQ(d128.split_tiles, 68);
+  EXPECT_EQ(d128.parts, 5);  // 340 CTAs of 26 blocks: 3 rounds, 84 blocks' time against 130
+  // Nothing to split: whole waves, a single wave, more leftover tiles than
+  // the workspace holds, or a split that would end no sooner.
+  EXPECT_EQ(plan_tail_split(132 * 8, 132, 64, 132).split_tiles, 0);
+  EXPECT_EQ(plan_tail_split(100, 132, 64, 132).split_tiles, 0);
+  EXPECT_EQ(plan_tail_split(132 + 20, 132, 64, 10).split_tiles, 0);
+  EXPECT_EQ(plan_tail_split(132 + 131, 132, 2, 132).split_tiles, 0);
+}
+
+// Every query block of every tile is walked by exactly one CTA, the split
+// tiles are the last, and each split tile's parts share one split index.
+TEST(TailSplit, PartsCoverEachTileOnce) {
+  using namespace flash3::bwd;
+  for (int slots : {114, 132}) {
+    for (int tiles : {133, 150, 263, 300, 4096}) {
+      for (int m_blocks : {1, 2, 5, 64, 129}) {
+        TailSplit const split = plan_tail_split(tiles, slots, m_blocks, kMaxSplitTiles);
+        std::string const where = std::to_string(slots) + " slots, " + std::to_string(tiles) + " tiles, " +
+                                  std::to_string(m_blocks) + " blocks";
+        ASSERT_LE(split.parts, std::max(m_blocks, 1)) << where;
+        std::vector<std::vector<int>> visits(tiles, std::vector<int>(m_blocks, 0));
+        std::vector<int> index_of(tiles, -2);
+        for (int cta = 0; cta < split.ctas(tiles); ++cta) {
+          TilePart const t = tile_part(cta, tiles, split);
+          ASSERT_TRUE(t.tile >= 0 && t.tile < tiles) << where << " cta " << cta;
+          bool const is_split = t.tile >= tiles - split.split_tiles;
+          ASSERT_EQ(t.parts, is_split ? split.parts : 1) << where << " cta " << cta;
+          ASSERT_EQ(t.split_index, is_split ? t.tile - (tiles - split.split_tiles) : -1) << where;
+          if (index_of[t.tile] == -2) index_of[t.tile] = t.split_index;
+          ASSERT_EQ(index_of[t.tile], t.split_index) << where;
+          QueryRange const r = part_range(QueryRange{0, m_blocks, 0}, t.part, t.parts);
+          for (int m = r.m_block_min; m < r.m_block_max; ++m) ++visits[t.tile][m];
+        }
+        for (int tile = 0; tile < tiles; ++tile) {
+          for (int m = 0; m < m_blocks; ++m) ASSERT_EQ(visits[tile][m], 1) << where << " tile " << tile << " m " << m;
+        }
+      }
+    }
   }
 }
 

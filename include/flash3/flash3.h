@@ -193,7 +193,8 @@ struct BackwardArgs {
   void* workspace = nullptr;
 };
 
-// Bytes of workspace backward() needs for these sizes (0 for an empty problem).
+// Bytes of workspace backward() needs for these sizes, mask and mode (0 for an
+// empty problem). The same on every device.
 size_t backward_workspace_size(const BackwardArgs& args);
 
 // As validate(ForwardArgs), plus dO, LSE, dQ/dK/dV and the workspace.

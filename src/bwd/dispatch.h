@@ -11,10 +11,10 @@
 namespace flash3::bwd {
 
 template <DType kDType, int kHeadDim>
-Status run_backward(BackwardArgs const& a, cudaStream_t stream) {
+Status run_backward(BackwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   using Element = ElementOf<kDType>;
-  return a.causal ? launch_backward<BwdTraits<Element, kHeadDim, true>>(a, stream)
-                  : launch_backward<BwdTraits<Element, kHeadDim, false>>(a, stream);
+  return a.causal ? launch_backward<BwdTraits<Element, kHeadDim, true>>(a, device, stream)
+                  : launch_backward<BwdTraits<Element, kHeadDim, false>>(a, device, stream);
 }
 
 }  // namespace flash3::bwd

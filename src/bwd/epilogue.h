@@ -3,12 +3,15 @@
 // (stmatrix into K's and V's buffers, free after the mainloop) to dK and dV in
 // the input dtype by TMA stores, which drop the rows past seqlen_k. With
 // GQA/MQA they go to the workspace in fp32 per query head, summed over each
-// K/V head's group by the postprocess.
+// K/V head's group by the postprocess. The parts of a split tile
+// (bwd/tail_split.h) first gather their sums; the last part stores.
 #pragma once
 
+#include <cuda/atomic>
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "bwd/tail_split.h"
 #include "bwd/traits.h"
 #include "common/layout.h"
 
@@ -35,6 +38,8 @@ struct Epilogue {
     GmemShape shape_k;
     float* dk_accum;  // GQA/MQA: dense [batch, heads_q, seqlen_k, d]
     float* dv_accum;
+    float* split_sums;    // WorkspaceLayout::split_sums, cleared by the preprocess
+    int* split_arrivals;  // WorkspaceLayout::split_arrivals, likewise
     bool grouped;
     int seqlen_k;
     int num_heads_q;
@@ -45,6 +50,43 @@ struct Epilogue {
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
     cute::prefetch_tma_descriptor(p.tma_dk.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_dv.get_tma_descriptor());
+  }
+
+  // A split tile's part: adds its dK and dV to the tile's sums and counts
+  // itself in. The last part to arrive takes the sums and goes on to store
+  // the tile; the others are done (false).
+  template <class Frag>
+  CUTE_DEVICE static bool gather_parts(Params const& p, SharedStorage& smem, Frag& tdKrdK, Frag& tdVrdV,
+                                       TilePart const& work, int thread_idx) {
+    constexpr int kTileElements = kBlockN * kHeadDim;
+    float* const dk_sum = p.split_sums + int64_t(work.split_index) * 2 * kTileElements;
+    float* const dv_sum = dk_sum + kTileElements;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tdKrdK); i += 4) {
+      int const at = fragment_offset(thread_idx, i, kNumConsumerThreads);
+      atomicAdd(reinterpret_cast<float4*>(dk_sum + at),
+                make_float4(tdKrdK(i), tdKrdK(i + 1), tdKrdK(i + 2), tdKrdK(i + 3)));
+      atomicAdd(reinterpret_cast<float4*>(dv_sum + at),
+                make_float4(tdVrdV(i), tdVrdV(i + 1), tdVrdV(i + 2), tdVrdV(i + 3)));
+    }
+    // The barrier orders every thread's adds before thread 0's count, which
+    // releases them to the other parts and acquires theirs for the last one.
+    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
+    if (thread_idx == 0) {
+      cuda::atomic_ref<int, cuda::thread_scope_device> const arrivals(p.split_arrivals[work.split_index]);
+      smem.arrival = arrivals.fetch_add(1, cuda::memory_order_acq_rel);
+    }
+    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
+    if (smem.arrival != work.parts - 1) return false;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tdKrdK); i += 4) {
+      int const at = fragment_offset(thread_idx, i, kNumConsumerThreads);
+      float4 const k = __ldcg(reinterpret_cast<float4 const*>(dk_sum + at));
+      float4 const v = __ldcg(reinterpret_cast<float4 const*>(dv_sum + at));
+      tdKrdK(i) = k.x, tdKrdK(i + 1) = k.y, tdKrdK(i + 2) = k.z, tdKrdK(i + 3) = k.w;
+      tdVrdV(i) = v.x, tdVrdV(i + 1) = v.y, tdVrdV(i + 2) = v.z, tdVrdV(i + 3) = v.w;
+    }
+    return true;
   }
 
   template <class Frag>

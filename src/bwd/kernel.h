@@ -1,5 +1,6 @@
 // The FlashAttention-3 backward kernel (paper Algorithm 3): one CTA per
-// (key block j, query head, batch).
+// (key block j, query head, batch), or per part of one in the last wave
+// (bwd/tail_split.h).
 //
 //   warpgroup 0, warp 0   producer: setmaxnreg down, TMA loads of K_j, V_j,
 //                         then Q_i, dO_i, LSE_i, D_i for each query block i
@@ -15,6 +16,7 @@
 
 #include "bwd/epilogue.h"
 #include "bwd/mainloop.h"
+#include "bwd/tail_split.h"
 #include "bwd/traits.h"
 
 namespace flash3::bwd {
@@ -31,14 +33,35 @@ struct Kernel {
   struct Params {
     typename MainloopT::Params mainloop;
     typename EpilogueT::Params epilogue;
+    int tiles;  // n_blocks x heads x batch
+    int n_blocks;
+    TailSplit split;
   };
 
+  // A CTA's key block, head, batch and part.
+  struct Work {
+    int n_block;
+    int head;
+    int batch;
+    TilePart part;
+  };
   // CTAs start in blockIdx order. Causal key blocks differ in work (block j
-  // visits the query blocks from its diagonal down): the longest, j = 0, go
-  // first. Deterministic causal launches go last to first instead, the order
-  // in which their dQ turns come (Mainloop::deterministic_turn).
-  CUTE_DEVICE static int key_block(typename MainloopT::Params const& p) {
-    return Traits::kCausal && p.deterministic ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+  // visits the query blocks from its diagonal down): the grid is (key block,
+  // head, batch), the longest blocks, j = 0, first; deterministic launches go
+  // last to first instead, the order in which their dQ turns come
+  // (Mainloop::deterministic_turn). Blocks without the mask take equal times:
+  // the grid counts tiles, key blocks innermost, then the parts of the split
+  // ones. (Decoding the causal grid as well cost its kernel registers, which
+  // it spilled in the mainloop.)
+  CUTE_DEVICE static Work work(Params const& p) {
+    if constexpr (Traits::kCausal) {
+      int const j = p.mainloop.deterministic ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+      return Work{j, int(blockIdx.y), int(blockIdx.z), TilePart{-1, 0, 1, -1}};
+    } else {
+      TilePart const part = tile_part(int(blockIdx.x), p.tiles, p.split);
+      int const rows = part.tile / p.n_blocks;
+      return Work{part.tile % p.n_blocks, rows % p.mainloop.num_heads, rows / p.mainloop.num_heads, part};
+    }
   }
 
   static constexpr int kNumThreads = Traits::kNumThreads;
@@ -60,10 +83,11 @@ struct Kernel {
     SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
     int const warp_group = cutlass::canonical_warp_group_idx();
     int const warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
-    int const n_block = key_block(params.mainloop), head = blockIdx.y, batch = blockIdx.z;
     auto const& mp = params.mainloop;
-    QueryRange const range = query_range(n_block, Traits::kBlockM, Traits::kBlockN, mp.seqlen_q, mp.seqlen_k,
-                                         mp.m_blocks, Traits::kCausal);
+    auto const [n_block, head, batch, part] = work(params);
+    QueryRange const range = part_range(query_range(n_block, Traits::kBlockM, Traits::kBlockN, mp.seqlen_q,
+                                                    mp.seqlen_k, mp.m_blocks, Traits::kCausal),
+                                        part.part, part.parts);
 
     if (threadIdx.x == 0) {
       MainloopT::prefetch_descriptors(mp);
@@ -100,7 +124,14 @@ struct Kernel {
       clear(tdVrdV);
       MainloopT::mma(mp, smem, pipeline_q, pipeline_do, pipeline_dq, tdKrdK, tdVrdV, n_block, head, batch, range,
                      thread_idx);
-      EpilogueT::store(params.epilogue, smem, tdKrdK, tdVrdV, n_block, head, batch, thread_idx);
+      // The CTA's work is decoded again rather than held through the mainloop
+      // (as blockIdx was read again before the tail split).
+      Work const done = work(params);
+      if (done.part.parts > 1 &&
+          !EpilogueT::gather_parts(params.epilogue, smem, tdKrdK, tdVrdV, done.part, thread_idx)) {
+        return;
+      }
+      EpilogueT::store(params.epilogue, smem, tdKrdK, tdVrdV, done.n_block, done.head, done.batch, thread_idx);
     }
   }
 };

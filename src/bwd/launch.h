@@ -1,16 +1,19 @@
 // Host side of the backward pass: workspace, preprocess, the main kernel's
-// TMA descriptors and grid, postprocess. Arguments have been validated.
+// TMA descriptors and grid (its last wave split, bwd/tail_split.h),
+// postprocess. Arguments have been validated.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "api/device.h"
 #include "bwd/kernel.h"
 #include "bwd/postprocess.h"
 #include "bwd/preprocess.h"
+#include "bwd/tail_split.h"
 #include "bwd/workspace.h"
 #include "common/gmem_tensor.h"
 #include "flash3/flash3.h"
@@ -25,7 +28,8 @@ void strides_of(TensorRef<Pointer> const& t, int64_t (&s)[3]) {
 }
 
 template <class Traits>
-cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout const& w, cudaStream_t stream) {
+cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, char* ws, WorkspaceLayout const& w,
+                             cudaStream_t stream) {
   using Element = typename Traits::Element;
   using KernelT = Kernel<Traits>;
   float const scale = a.softmax_scale != 0.f ? a.softmax_scale : 1.f / std::sqrt(float(a.head_dim));
@@ -55,6 +59,25 @@ cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout co
     return cudaGetLastError();
   }
 
+  // The main kernel's grid: its last wave split where that ends it sooner.
+  // Splitting needs equal CTAs (no causal mask) and dQ's sums in any order.
+  auto kernel = backward_kernel<Traits>;
+  int64_t const tiles = int64_t(n_blocks) * a.heads_q * a.batch;
+  TailSplit split;
+  if (n_blocks > 0) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelT::kSmemBytes);
+    int ctas_per_sm = 0;
+    if (err == cudaSuccess) {
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, KernelT::kNumThreads,
+                                                          KernelT::kSmemBytes);
+    }
+    if (err != cudaSuccess) return err;
+    if (!Traits::kCausal && !a.deterministic) {
+      split = plan_tail_split(tiles, int64_t(device.num_sms) * ctas_per_sm, m_blocks, w.split_tiles);
+    }
+    if (split.ctas(tiles) > std::numeric_limits<int>::max()) return cudaErrorInvalidConfiguration;
+  }
+
   // Line 2: D and the LSE; the dQ accumulator (and the semaphores) cleared.
   if (a.deterministic && (err = cudaMemsetAsync(ws + w.semaphore, 0, w.dk_accum - w.semaphore, stream)) != cudaSuccess) {
     return err;
@@ -73,6 +96,11 @@ cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout co
   pre.seqlen_q = int(a.seqlen_q);
   pre.num_heads = int(a.heads_q);
   pre.head_dim = int(a.head_dim);
+  if (split.split_tiles > 0) {
+    size_t const used = w.split_sums + split.split_tiles * split_tile_bytes(a.head_dim);
+    pre.split = reinterpret_cast<uint4*>(ws + w.split_arrivals);
+    pre.split_vectors = int64_t(used - w.split_arrivals) / int64_t(sizeof(uint4));
+  }
   constexpr int kRowsPerCta = kPreprocessThreads / kPreprocessThreadsPerRow;
   unsigned const pre_ctas = unsigned((pre.rows + kRowsPerCta - 1) / kRowsPerCta);
   preprocess_kernel<Element><<<pre_ctas, kPreprocessThreads, 0, stream>>>(pre);
@@ -80,6 +108,9 @@ cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout co
 
   if (n_blocks > 0) {
     typename KernelT::Params params;
+    params.tiles = int(tiles);
+    params.n_blocks = n_blocks;
+    params.split = split;
     auto& mp = params.mainloop;
     using MainloopT = typename KernelT::MainloopT;
     auto const q = gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch);
@@ -128,11 +159,11 @@ cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout co
     ep.num_heads_q = int(a.heads_q);
     ep.head_group = group;
     ep.softmax_scale = scale;
+    ep.split_sums = reinterpret_cast<float*>(ws + w.split_sums);
+    ep.split_arrivals = reinterpret_cast<int*>(ws + w.split_arrivals);
 
-    auto kernel = backward_kernel<Traits>;
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelT::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    dim3 const grid(n_blocks, unsigned(a.heads_q), unsigned(a.batch));
+    dim3 const grid =
+        Traits::kCausal ? dim3(n_blocks, unsigned(a.heads_q), unsigned(a.batch)) : dim3(unsigned(split.ctas(tiles)));
     kernel<<<grid, KernelT::kNumThreads, KernelT::kSmemBytes, stream>>>(params);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
@@ -170,13 +201,13 @@ cudaError_t enqueue_backward(BackwardArgs const& a, char* ws, WorkspaceLayout co
 
 // The workspace is the caller's, or allocated and freed here in stream order.
 template <class Traits>
-Status launch_backward(BackwardArgs const& a, cudaStream_t stream) {
+Status launch_backward(BackwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   WorkspaceLayout const w = workspace_layout(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim,
-                                             a.deterministic);
+                                             a.causal, a.deterministic);
   char* ws = static_cast<char*>(a.workspace);
   cudaError_t err = cudaSuccess;
   if (ws == nullptr && w.bytes > 0) err = cudaMallocAsync(reinterpret_cast<void**>(&ws), w.bytes, stream);
-  if (err == cudaSuccess) err = enqueue_backward<Traits>(a, ws, w, stream);
+  if (err == cudaSuccess) err = enqueue_backward<Traits>(a, device, ws, w, stream);
   if (a.workspace == nullptr && ws != nullptr) {
     cudaError_t const free_err = cudaFreeAsync(ws, stream);
     if (err == cudaSuccess) err = free_err;

@@ -335,7 +335,7 @@ struct Mainloop {
         float* dq = p.dq_accum + int64_t(row_tile(p, batch, head, m_block)) * Traits::kdQElements;
         CUTE_UNROLL
         for (int i = 0; i < size(tdQrdQ); i += 4) {
-          atomicAdd(reinterpret_cast<float4*>(dq + dq_fragment_offset(thread_idx, i, kNumConsumerThreads)),
+          atomicAdd(reinterpret_cast<float4*>(dq + fragment_offset(thread_idx, i, kNumConsumerThreads)),
                     make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3)));
         }
       } else {
@@ -348,7 +348,7 @@ struct Mainloop {
           CUTE_UNROLL
           for (int i = 0; i < kChunk; i += 4) {
             int const r = chunk * kChunk + i;
-            *reinterpret_cast<float4*>(smem.dq.data() + dq_fragment_offset(thread_idx, i, kNumConsumerThreads)) =
+            *reinterpret_cast<float4*>(smem.dq.data() + fragment_offset(thread_idx, i, kNumConsumerThreads)) =
                 make_float4(tdQrdQ(r), tdQrdQ(r + 1), tdQrdQ(r + 2), tdQrdQ(r + 3));
           }
           cutlass::arch::fence_view_async_shared();  // read by the TMA reduce-add (async proxy)

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
   float const* src = p.dq_accum + t * Traits::kdQElements;
   CUTE_UNROLL
   for (int i = 0; i < size(coords); i += 4) {
-    float4 const v = *reinterpret_cast<float4 const*>(src + dq_fragment_offset(tid, i, kThreads));
+    float4 const v = *reinterpret_cast<float4 const*>(src + fragment_offset(tid, i, kThreads));
     float const vals[4] = {v.x, v.y, v.z, v.w};
     CUTE_UNROLL
     for (int j = 0; j < 4; ++j) {

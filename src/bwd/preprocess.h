@@ -3,7 +3,8 @@
 // the producer copies one block of each with a single bulk copy. Padding rows
 // get D = 0 and LSE = +inf, which makes their P (and so everything they add
 // to dK and dV) zero. It also clears the dQ accumulator, head_dim floats per
-// row (the accumulator's tiles are bwd_block_m(head_dim) rows of head_dim floats each).
+// row (the accumulator's tiles are bwd_block_m(head_dim) rows of head_dim floats each),
+// and the split tiles' counters and sums (bwd/tail_split.h).
 #pragma once
 
 #include <cmath>
@@ -23,6 +24,8 @@ struct PreprocessParams {
   float* lse_log2;   // [batch, heads, padded_rows]
   float* dpsum;
   float* dq_accum;   // [batch, heads, padded_rows, head_dim] floats, cleared
+  uint4* split;      // WorkspaceLayout::split_arrivals on, split_vectors x 16 bytes, cleared
+  int64_t split_vectors;
   int64_t rows;  // batch * heads * padded_rows
   int padded_rows;
   int seqlen_q;
@@ -62,6 +65,10 @@ __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(Preproce
   }
   for (int offset = kPreprocessThreadsPerRow / 2; offset > 0; offset /= 2) {
     d += __shfl_xor_sync(0xffffffffu, d, offset, kPreprocessThreadsPerRow);
+  }
+  int64_t const threads = int64_t(gridDim.x) * kPreprocessThreads;
+  for (int64_t i = int64_t(blockIdx.x) * kPreprocessThreads + threadIdx.x; i < p.split_vectors; i += threads) {
+    p.split[i] = make_uint4(0, 0, 0, 0);
   }
   if (!valid) return;
   float4* dq = reinterpret_cast<float4*>(p.dq_accum + row * p.head_dim);

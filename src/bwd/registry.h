@@ -2,11 +2,12 @@
 // these, and the generated bwd_*.cu files define them.
 #pragma once
 
+#include "api/device.h"
 #include "flash3/flash3.h"
 
 namespace flash3::bwd {
 
 template <DType kDType, int kHeadDim>
-Status run_backward_instance(BackwardArgs const& a, cudaStream_t stream);
+Status run_backward_instance(BackwardArgs const& a, DeviceInfo const& device, cudaStream_t stream);
 
 }  // namespace flash3::bwd

@@ -45,7 +45,7 @@ struct BwdTraits {
   // each, S^T and dP^T M/4, dQ d/4: 208 at d = 256.
   static constexpr bool kSplitHeadDim = kHeadDim > 128;
   static constexpr int kBlockM = bwd_block_m(kHeadDim);
-  static constexpr int kBlockN = kSplitHeadDim ? 64 : 128;
+  static constexpr int kBlockN = bwd_block_n(kHeadDim);
   // dS from P as rounded for dV's GEMM (as the same-precision reference
   // rounds it) frees S^T's fp32 registers early: needed for M = 128 to stay
   // spill-free; elsewhere the conversion back costs (measured -4.5% at d = 128
@@ -142,7 +142,7 @@ struct BwdTraits {
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_layout(Shape<N, M, _2>{}, Stride<M, _1, Int<kBlockM * kBlockN>>{})));
 
-  // dQ_i in fp32, in the dQ accumulators' register order (see dq_fragment_offset):
+  // dQ_i in fp32, in the dQ accumulators' register order (see fragment_offset):
   // the dq_writer adds it to global memory with TMA reduce-adds of
   // (256, rows), one per chunk.
   static constexpr int kdQElements = kBlockM * kHeadDim;
@@ -168,6 +168,7 @@ struct BwdTraits {
     typename PipelinedO::SharedStorage pipeline_do;
     typename PipelinedQ::SharedStorage pipeline_dq;
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
+    int arrival;  // a split tile's part: how many parts had arrived before it
   };
   static_assert(sizeof(SharedStorage) <= 227 * 1024, "tile sizes overflow shared memory");
 };
@@ -179,11 +180,12 @@ enum class Barrier : uint32_t {
   kPReady = 2,    // consumers, head dim split: both halves of P_i are in shared memory
 };
 
-// Where register i of consumer thread t puts its dQ value: float4 groups of
+// Where register i of consumer thread t puts its value in a tile's fp32
+// buffer (dQ_i's; a split tile's dK and dV sums): float4 groups of
 // registers, consecutive threads at consecutive 16 bytes (no bank conflicts).
-// Registers [c, c + 1) x R / kdQChunks are chunk c, a contiguous part of the
-// tile. The postprocess reads the global accumulator in the same order.
-CUTE_HOST_DEVICE constexpr int dq_fragment_offset(int thread, int i, int num_threads) {
+// For dQ, registers [c, c + 1) x R / kdQChunks are chunk c, a contiguous part
+// of the tile; the postprocess reads the global accumulator in the same order.
+CUTE_HOST_DEVICE constexpr int fragment_offset(int thread, int i, int num_threads) {
   return (i / 4) * num_threads * 4 + thread * 4 + i % 4;
 }
 

@@ -7,8 +7,16 @@
 
 namespace flash3::bwd {
 
-// Query rows per step of the backward mainloop.
+// Query rows per step of the backward mainloop, and keys per CTA.
 constexpr int bwd_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 : 64; }
+constexpr int bwd_block_n(int64_t head_dim) { return head_dim > 128 ? 64 : 128; }
+
+// The most tiles whose last wave is split (bwd/tail_split.h): fewer than
+// the CTAs of one wave on any sm_90 part. Each has fp32 sums of dK and dV.
+constexpr int kMaxSplitTiles = 132;
+constexpr size_t split_tile_bytes(int64_t head_dim) {
+  return 2 * size_t(bwd_block_n(head_dim) * head_dim) * sizeof(float);
+}
 
 struct WorkspaceLayout {
   // Byte offsets from the workspace's start, each 256-byte aligned.
@@ -18,12 +26,19 @@ struct WorkspaceLayout {
   size_t semaphore = 0;  // int [batch, heads_q, m_blocks]: deterministic mode's dQ turn counters
   size_t dk_accum = 0;   // float [batch, heads_q, seqlen_k, head_dim], GQA/MQA only: dK per query head
   size_t dv_accum = 0;   // float, same shape: dV per query head
+  // Without the causal mask or deterministic mode, the split tiles of the
+  // last wave (bwd/tail_split.h): int [split_tiles] arrival counters, then
+  // float [split_tiles, 2 (dK, dV), block_n * head_dim] sums in the
+  // accumulators' register order; the used part cleared by the preprocess.
+  size_t split_arrivals = 0;
+  size_t split_sums = 0;
+  int split_tiles = 0;   // capacity
   size_t bytes = 0;      // total
   int64_t m_blocks = 0;
 };
 
 inline WorkspaceLayout workspace_layout(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
-                                        int64_t heads_kv, int64_t head_dim, bool deterministic) {
+                                        int64_t heads_kv, int64_t head_dim, bool causal, bool deterministic) {
   WorkspaceLayout w;
   int64_t const block_m = bwd_block_m(head_dim);
   w.m_blocks = (seqlen_q + block_m - 1) / block_m;
@@ -42,6 +57,12 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t seqlen_q, int64_t
   size_t const kv_accum = grouped ? size_t(batch * heads_q * seqlen_k * head_dim) * sizeof(float) : 0;
   w.dk_accum = take(kv_accum);
   w.dv_accum = take(kv_accum);
+  if (!causal && !deterministic) {
+    int64_t const tiles = (seqlen_k + bwd_block_n(head_dim) - 1) / bwd_block_n(head_dim) * heads_q * batch;
+    w.split_tiles = int(tiles < kMaxSplitTiles ? tiles : kMaxSplitTiles);
+  }
+  w.split_arrivals = take(size_t(w.split_tiles) * sizeof(int));
+  w.split_sums = take(size_t(w.split_tiles) * split_tile_bytes(head_dim));
   w.bytes = offset;
   return w;
 }
