@@ -321,6 +321,7 @@ TEST(TailSplit, PlanForThePaperShapes) {
 // tiles are the last, and each split tile's parts share one split index.
 TEST(TailSplit, PartsCoverEachTileOnce) {
   using namespace flash3::bwd;
+  int splits = 0;  // launches that split, so that the coverage below is not only of whole tiles
   for (int slots : {114, 132}) {
     for (int tiles : {133, 150, 263, 300, 4096}) {
       for (int m_blocks : {1, 2, 5, 64, 129}) {
@@ -328,6 +329,7 @@ TEST(TailSplit, PartsCoverEachTileOnce) {
         std::string const where = std::to_string(slots) + " slots, " + std::to_string(tiles) + " tiles, " +
                                   std::to_string(m_blocks) + " blocks";
         ASSERT_LE(split.parts, std::max(m_blocks, 1)) << where;
+        splits += split.split_tiles > 0;
         std::vector<std::vector<int>> visits(tiles, std::vector<int>(m_blocks, 0));
         std::vector<int> index_of(tiles, -2);
         for (int cta = 0; cta < split.ctas(tiles); ++cta) {
@@ -347,6 +349,7 @@ TEST(TailSplit, PartsCoverEachTileOnce) {
       }
     }
   }
+  EXPECT_GE(splits, 10);
 }
 
 // setmaxnreg can only move registers within the CTA's launch allocation:
