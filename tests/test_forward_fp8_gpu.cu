@@ -250,6 +250,13 @@ INSTANTIATE_TEST_SUITE_P(All, ForwardFp8,
                                   (std::get<1>(info.param) ? "_causal_" : "_") + granularity_name(std::get<2>(info.param));
                          });
 
+// Tiles whose rows all see no key, ending the CTAs' walks (test_forward_gpu's
+// Forward.TilesWhoseRowsSeeNoKey).
+TEST(ForwardFp8, TilesWhoseRowsSeeNoKey) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  run_fp8_case(Fp8Case{128, true, ScaleGranularity::kPerBlock, DType::kBF16, 1, 20000, 64, 4, 4}, 78);
+}
+
 // Paper Table 3's inputs, N(0, 1) + N(0, 100) * Bernoulli(0.001), on a
 // smaller shape than the benchmark's (flash3-bench --fp8-accuracy): with block
 // quantization and incoherent processing, the RMSE of O against the float32

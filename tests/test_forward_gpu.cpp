@@ -324,6 +324,17 @@ TEST(TileCounter, OnePerStreamAndPerHostThread) {
   CUDA_OK(cudaStreamDestroy(other));
 }
 
+// With the mask, rows 0 .. seqlen_q - seqlen_k - 1 see no key: here all but
+// the last tile of each head, about ten a CTA, so that CTAs end on such a
+// tile. Every warpgroup sits it out; Q's load must still be waited for (it
+// was not before run 88, and the CTA could exit with it in flight:
+// "unspecified launch failure", synccheck's "Missing wait").
+TEST(Forward, TilesWhoseRowsSeeNoKey) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 77;
+  for (int d : {64, 128, 256}) run_case(Case{DType::kBF16, d, true, 1, 20000, 64, 8, 8, false}, seed++);
+}
+
 TEST(Forward, NoKeysGivesZerosAndInfiniteLse) {
   SKIP_WITHOUT_CUDA_DEVICE();
   flash3::ForwardArgs a;

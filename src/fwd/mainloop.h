@@ -240,6 +240,10 @@ struct Mainloop {
       BlockRange const own = warpgroup_block_range(tile.m_block, kBlockM, group, kBlockN, p.seqlen_q, p.seqlen_k,
                                                    Traits::kCausal, p.row_offset);
       if (own.empty()) {
+        // Q's load is still waited for: with every warpgroup idle (a tile
+        // whose rows all see no key) nothing else would, and the next
+        // tile's load, or the CTA's exit, could come while it is in flight.
+        smem.barrier_q.wait(q_phase);
         idle(pipeline_k, pipeline_v, read_k, read_v, range, warp_group);
         return 1.f;
       }
