@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -37,6 +38,46 @@ using SweepParam = std::tuple<DType, int, bool>;
 inline std::string sweep_name(::testing::TestParamInfo<SweepParam> const& info) {
   return std::string(std::get<0>(info.param) == DType::kBF16 ? "bf16" : "fp16") + "_d" +
          std::to_string(std::get<1>(info.param)) + (std::get<2>(info.param) ? "_causal" : "");
+}
+
+// Shapes drawn at random (fixed seeds, so a failure reproduces), for what
+// the sweeps' hand-picked shapes may miss: any head dim and dtype, either
+// mask, GQA/MQA, and sequence lengths from 1 to max_seqlen drawn
+// log-uniformly and independently, so that seqlen_q and seqlen_k differ by
+// up to that factor either way (with the mask, many rows then see no key,
+// or every row sees all of them).
+struct RandomShape {
+  DType dtype;
+  int head_dim;
+  bool causal;
+  int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+};
+inline std::string shape_name(RandomShape const& c) {
+  return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(c.head_dim) +
+         (c.causal ? " causal" : "") + " b" + std::to_string(c.batch) + " sq" + std::to_string(c.seqlen_q) + " sk" +
+         std::to_string(c.seqlen_k) + " h" + std::to_string(c.heads_q) + "/" + std::to_string(c.heads_kv);
+}
+inline std::vector<RandomShape> random_shapes(uint32_t seed, int count, int max_seqlen) {
+  std::mt19937 rng(seed);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto seqlen = [&] {
+    return std::max(1, int(std::exp(std::uniform_real_distribution<double>(0.0, std::log(max_seqlen))(rng))));
+  };
+  int const dims[] = {64, 96, 128, 192, 256};
+  std::vector<RandomShape> shapes;
+  for (int i = 0; i < count; ++i) {
+    RandomShape c{};
+    c.dtype = pick(0, 1) ? DType::kBF16 : DType::kFP16;
+    c.head_dim = dims[pick(0, 4)];
+    c.causal = pick(0, 1) == 1;
+    c.batch = pick(1, 3);
+    c.seqlen_q = seqlen();
+    c.seqlen_k = seqlen();
+    c.heads_kv = pick(1, 4);
+    c.heads_q = c.heads_kv * pick(1, 4);
+    shapes.push_back(c);
+  }
+  return shapes;
 }
 
 template <class T>

@@ -300,6 +300,15 @@ TEST(Backward, LastWaveSplit) {
   }
 }
 
+// Shapes drawn at random (gpu_test_util.h), besides the sweep's.
+TEST(Backward, RandomShapes) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 600;
+  for (flash3::testing::RandomShape const& r : flash3::testing::random_shapes(2027, 24, 2048)) {
+    run_case(Case{r.dtype, r.head_dim, r.causal, r.batch, r.seqlen_q, r.seqlen_k, r.heads_q, r.heads_kv}, seed++);
+  }
+}
+
 // Many query blocks on few keys: 2188 query blocks a head, the key blocks'
 // walks thousands of blocks long; with the mask all but the last 300 rows
 // see no key.
