@@ -52,11 +52,6 @@ struct RandomShape {
   bool causal;
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
 };
-inline std::string shape_name(RandomShape const& c) {
-  return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(c.head_dim) +
-         (c.causal ? " causal" : "") + " b" + std::to_string(c.batch) + " sq" + std::to_string(c.seqlen_q) + " sk" +
-         std::to_string(c.seqlen_k) + " h" + std::to_string(c.heads_q) + "/" + std::to_string(c.heads_kv);
-}
 inline std::vector<RandomShape> random_shapes(uint32_t seed, int count, int max_seqlen) {
   std::mt19937 rng(seed);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
