@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <tuple>
@@ -52,7 +53,10 @@ struct RandomShape {
   bool causal;
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
 };
+// FLASH3_RANDOM_SHAPES=N draws N instead of `count` (the first `count` the
+// same), for a longer search on the GPU machine than the suite's.
 inline std::vector<RandomShape> random_shapes(uint32_t seed, int count, int max_seqlen) {
+  if (char const* n = std::getenv("FLASH3_RANDOM_SHAPES")) count = std::atoi(n);
   std::mt19937 rng(seed);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   auto seqlen = [&] {
