@@ -10,7 +10,8 @@
 //     sum_i dS_ij Q_i.
 // With emulate_low_precision, S, P, dP and dS are rounded to the input dtype
 // where a straightforward implementation in that dtype would hold them, and
-// so are the outputs.
+// so are the outputs. Given an output O, D is rowsum(dO_i o O_i) from it
+// instead (FlashAttention's D, from the forward's rounded O).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -42,7 +43,7 @@ struct View {
 };
 
 struct Params {
-  View q, k, v, dout;
+  View q, k, v, dout, o;  // o.data: null unless D comes from it
   float *dq, *dk, *dv;  // dense [batch, seqlen, heads, d]
   float *lse, *dpsum;   // scratch [batch, heads_q, seqlen_q]
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
@@ -126,9 +127,14 @@ __global__ void __launch_bounds__(kThreads) query_rows(const Params p) {
     return p.emulate ? Precision<T>::round(dp) : dp;
   };
   float dsum = 0.f;
-  for (int64_t j = threadIdx.x; j < p.seqlen_k; j += kThreads) {
-    const float pr = prob(j);
-    if (pr != 0.f) dsum += pr * dprob(j);
+  if (p.o.data != nullptr) {
+    const T* o_row = row_ptr<T>(p.o, b, i, h);
+    for (int c = threadIdx.x; c < d; c += kThreads) dsum += do_row[c] * Precision<T>::to_float(o_row[c]);
+  } else {
+    for (int64_t j = threadIdx.x; j < p.seqlen_k; j += kThreads) {
+      const float pr = prob(j);
+      if (pr != 0.f) dsum += pr * dprob(j);
+    }
   }
   dsum = block_reduce(dsum, scratch, false);
 
@@ -239,9 +245,10 @@ View view(const flash3::ConstTensor& t) { return View{t.data, t.batch_stride, t.
 cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q,
                                    flash3::ConstTensor k, flash3::ConstTensor v, flash3::ConstTensor dout,
                                    float* dq, float* dk, float* dv, bool emulate_low_precision,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, const flash3::ConstTensor* o) {
   if (!is_valid(shape) || shape.head_dim > 512) return cudaErrorInvalidValue;
-  if (q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1 || dout.dim_stride != 1) {
+  if (q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1 || dout.dim_stride != 1 ||
+      (o != nullptr && (o->data == nullptr || o->dim_stride != 1))) {
     return cudaErrorInvalidValue;
   }
   if (dtype != flash3::DType::kBF16 && dtype != flash3::DType::kFP16) return cudaErrorInvalidValue;
@@ -254,6 +261,7 @@ cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dt
   p.k = view(k);
   p.v = view(v);
   p.dout = view(dout);
+  if (o != nullptr) p.o = view(*o);
   p.dq = dq;
   p.dk = dk;
   p.dv = dv;

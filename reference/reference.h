@@ -127,11 +127,15 @@ cudaError_t attention_gpu_fp8(const AttentionShape& shape, flash3::ConstTensor q
 // flash3.h. dq, dk, dv: device float32, dense [batch, seqlen, heads, head_dim]
 // (dk, dv with heads_kv). emulate_low_precision rounds S, P, dP and dS to
 // dtype where a straightforward implementation in dtype holds them, and the
-// results. Enqueues on `stream`; cudaErrorInvalidValue for a bad shape.
+// results. With `o` (the forward's output, in dtype, laid out as q), D =
+// rowsum(dO o O) is taken from it, as FlashAttention and flash3 take it from
+// their rounded O, rather than sum_j P_ij dP_ij: the difference from the
+// plain reference measures what that rounding alone costs the gradients.
+// Enqueues on `stream`; cudaErrorInvalidValue for a bad shape.
 cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q,
                                    flash3::ConstTensor k, flash3::ConstTensor v, flash3::ConstTensor dout,
                                    float* dq, float* dk, float* dv, bool emulate_low_precision,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, const flash3::ConstTensor* o = nullptr);
 #endif
 
 // 16-bit float conversions on the host, without CUDA headers. float_to_* round

@@ -4,9 +4,14 @@
 // FlashAttention's own tests: for each of dQ, dK, dV the max error against the
 // float32 reference is at most 2x (plus a small epsilon) the error of a
 // straightforward implementation in the same precision (the reference with
-// emulate_low_precision). The epsilon covers D = rowsum(dO o O) being taken
-// from the rounded O, as in FlashAttention: with one key the exact gradients
-// are 0, the kernel's a few 1e-6.
+// emulate_low_precision). The epsilon is, first, twice what D = rowsum(dO o O)
+// taken from the rounded O (as FlashAttention takes it) moves the float32
+// reference's gradients, measured (the reference given O); then 1e-4 of the
+// largest gradient and 1e-5, for float32's own rounding (with one key the
+// exact gradients are 0, the kernel's 1e-6 to 2e-5, growing with the rows).
+// Run 89 found shapes the first term is needed for: fp16, head dim 96, causal,
+// 6 queries on 2 keys, dQ off by 5.4e-4 at a largest gradient of 0.5, which
+// was D's rounding.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -149,21 +154,30 @@ class BackwardCase {
 
   void check(Grads const& run) {
     AttentionShape shape{c_.batch, c_.seqlen_q, c_.seqlen_k, c_.heads_q, c_.heads_kv, d_, 0.f, c_.causal};
-    DeviceBuffer<float> ref(q_elems_ + 2 * kv_elems_), low(q_elems_ + 2 * kv_elems_);
-    ASSERT_TRUE(ref.ptr && low.ptr);
+    size_t const n = q_elems_ + 2 * kv_elems_;
+    DeviceBuffer<float> ref(n), low(n), rounded_o(n);
+    ASSERT_TRUE(ref.ptr && low.ptr && rounded_o.ptr);
     flash3::ConstTensor dout = flash3::contiguous<const void*>(dout_.ptr, c_.seqlen_q, c_.heads_q, d_);
-    for (auto [buf, emulate] : {std::pair{ref.ptr, false}, std::pair{low.ptr, true}}) {
-      CUDA_OK(flash3::reference::attention_backward_gpu(shape, c_.dtype, q_.in(), k_.in(), v_.in(), dout, buf,
-                                                        buf + q_elems_, buf + q_elems_ + kv_elems_, emulate,
-                                                        nullptr));
+    flash3::ConstTensor const o = flash3::contiguous<const void*>(o_.ptr, c_.seqlen_q, c_.heads_q, d_);
+    struct Run {
+      float* buf;
+      bool emulate;
+      flash3::ConstTensor const* o;
+    };
+    for (Run const& r : {Run{ref.ptr, false, nullptr}, Run{low.ptr, true, nullptr}, Run{rounded_o.ptr, false, &o}}) {
+      CUDA_OK(flash3::reference::attention_backward_gpu(shape, c_.dtype, q_.in(), k_.in(), v_.in(), dout, r.buf,
+                                                        r.buf + q_elems_, r.buf + q_elems_ + kv_elems_, r.emulate,
+                                                        nullptr, r.o));
     }
     CUDA_OK(cudaDeviceSynchronize());
-    std::vector<float> h_ref(q_elems_ + 2 * kv_elems_), h_low(h_ref.size());
-    CUDA_OK(cudaMemcpy(h_ref.data(), ref.ptr, h_ref.size() * 4, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(h_low.data(), low.ptr, h_low.size() * 4, cudaMemcpyDeviceToHost));
-    compare("dQ", run.dq, h_ref.data(), h_low.data());
-    compare("dK", run.dk, h_ref.data() + q_elems_, h_low.data() + q_elems_);
-    compare("dV", run.dv, h_ref.data() + q_elems_ + kv_elems_, h_low.data() + q_elems_ + kv_elems_);
+    std::vector<float> h_ref(n), h_low(n), h_rounded_o(n);
+    CUDA_OK(cudaMemcpy(h_ref.data(), ref.ptr, n * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(h_low.data(), low.ptr, n * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(h_rounded_o.data(), rounded_o.ptr, n * 4, cudaMemcpyDeviceToHost));
+    size_t const at[3] = {0, q_elems_, q_elems_ + kv_elems_};
+    compare("dQ", run.dq, h_ref.data() + at[0], h_low.data() + at[0], h_rounded_o.data() + at[0]);
+    compare("dK", run.dk, h_ref.data() + at[1], h_low.data() + at[1], h_rounded_o.data() + at[1]);
+    compare("dV", run.dv, h_ref.data() + at[2], h_low.data() + at[2], h_rounded_o.data() + at[2]);
   }
 
  private:
@@ -190,17 +204,20 @@ class BackwardCase {
     return out;
   }
 
-  void compare(char const* what, std::vector<uint16_t> const& got, float const* ref, float const* low) {
-    double err = 0, low_err = 0, ref_max = 0;
+  void compare(char const* what, std::vector<uint16_t> const& got, float const* ref, float const* low,
+               float const* rounded_o) {
+    double err = 0, low_err = 0, d_err = 0, ref_max = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       float const x = from_bits(got[i], c_.dtype);
       ASSERT_FALSE(std::isnan(x)) << what << "[" << i << "] not written or NaN";
       err = std::max(err, double(std::fabs(x - ref[i])));
       low_err = std::max(low_err, double(std::fabs(low[i] - ref[i])));
+      d_err = std::max(d_err, double(std::fabs(rounded_o[i] - ref[i])));
       ref_max = std::max(ref_max, double(std::fabs(ref[i])));
     }
-    EXPECT_LE(err, 2 * low_err + 1e-4 * ref_max + 1e-5)
-        << what << ": flash3 max error " << err << ", same-precision reference " << low_err << ", max |ref| " << ref_max;
+    EXPECT_LE(err, 2 * low_err + 2 * d_err + 1e-4 * ref_max + 1e-5)
+        << what << ": flash3 max error " << err << ", same-precision reference " << low_err
+        << ", D from the rounded O " << d_err << ", max |ref| " << ref_max;
   }
 
   Case c_;

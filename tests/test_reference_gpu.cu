@@ -268,6 +268,55 @@ TEST(ReferenceGpuBackward, MatchesCpu) {
   }
 }
 
+// D from a given output O: with one key O = V_0 and the exact dQ and dK are 0,
+// which D = rowsum(dO o O) gives up to float32's rounding; dV does not
+// involve D, so any O leaves it bitwise unchanged. An O the reference cannot
+// read is refused.
+TEST(ReferenceGpuBackward, DFromAGivenOutput) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  for (const int64_t keys : {1, 37}) {
+    SCOPED_TRACE(keys);
+    // AttentionShape: batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, scale, causal.
+    const AttentionShape s{1, 50, keys, 2, 2, 64, 0.0f, false};
+    const int64_t d = s.head_dim, nq = s.seqlen_q * s.heads_q * d, nk = keys * s.heads_kv * d;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<uint16_t> bits(3 * nq + 2 * nk);  // Q, K, V, dO, O
+    for (uint16_t& b : bits) b = to_bits(dist(rng), DType::kBF16);
+    if (keys == 1) {  // O_i = V_0 for every query row
+      for (int64_t i = 0; i < s.seqlen_q; ++i) {
+        std::copy_n(bits.begin() + nq + nk, s.heads_q * d, bits.begin() + 2 * nq + 2 * nk + i * s.heads_q * d);
+      }
+    }
+    DeviceBuffer<uint16_t> in(bits.size());
+    DeviceBuffer<float> plain(nq + 2 * nk), given(nq + 2 * nk);
+    CUDA_OK(cudaMemcpy(in.ptr, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+    auto tensor = [&](int64_t offset, int64_t seqlen, int64_t heads) {
+      return flash3::contiguous<const void*>(in.ptr + offset, seqlen, heads, d);
+    };
+    const auto tq = tensor(0, s.seqlen_q, s.heads_q), tk = tensor(nq, keys, s.heads_kv),
+               tv = tensor(nq + nk, keys, s.heads_kv), tdo = tensor(nq + 2 * nk, s.seqlen_q, s.heads_q),
+               to = tensor(2 * nq + 2 * nk, s.seqlen_q, s.heads_q);
+    CUDA_OK(flash3::reference::attention_backward_gpu(s, DType::kBF16, tq, tk, tv, tdo, plain.ptr, plain.ptr + nq,
+                                                      plain.ptr + nq + nk, false, nullptr));
+    CUDA_OK(flash3::reference::attention_backward_gpu(s, DType::kBF16, tq, tk, tv, tdo, given.ptr, given.ptr + nq,
+                                                      given.ptr + nq + nk, false, nullptr, &to));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> hp(nq + 2 * nk), hg(nq + 2 * nk);
+    CUDA_OK(cudaMemcpy(hp.data(), plain.ptr, hp.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(hg.data(), given.ptr, hg.size() * 4, cudaMemcpyDeviceToHost));
+    for (int64_t i = nq + nk; i < nq + 2 * nk; ++i) ASSERT_EQ(hg[i], hp[i]) << "dV[" << i - nq - nk << "]";
+    if (keys == 1) {
+      for (int64_t i = 0; i < nq + nk; ++i) EXPECT_LE(std::fabs(hg[i]), 5e-5) << "dQ, dK element " << i;
+    }
+    flash3::ConstTensor strided = to;
+    strided.dim_stride = 2;
+    EXPECT_EQ(flash3::reference::attention_backward_gpu(s, DType::kBF16, tq, tk, tv, tdo, given.ptr, given.ptr + nq,
+                                                        given.ptr + nq + nk, false, nullptr, &strided),
+              cudaErrorInvalidValue);
+  }
+}
+
 // One row whose rounding is worked out by hand in bf16, with each rounding
 // step visible in the result. S = q.k = (0, 0, 1 + 101/1024) rounds to
 // (0, 0, 1 + 13/128); P = softmax(S) rounds to bf16; with V = (3, 0, -1)
