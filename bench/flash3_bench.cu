@@ -20,6 +20,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "flash3/flash3.h"
@@ -447,26 +448,37 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
         int64_t const group = c.heads_q / c.heads_kv;
         flash3::reference::AttentionShape shape{1, c.seqlen, c.seqlen, group, 1, d, 0.f, c.causal};
         size_t const sq = size_t(c.seqlen) * group * d, sk = size_t(c.seqlen) * d;
-        float *ref, *low;
+        // The epsilon as the GPU tests' (test_backward_gpu.cpp): twice what D
+        // from the rounded O moves the float32 reference, 1e-4 of the largest
+        // gradient, 1e-5.
+        float *ref, *low, *rounded_o;
         CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), (sq + 2 * sk) * 4));
         CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&low), (sq + 2 * sk) * 4));
-        for (auto [buf, emulate] : {std::pair{ref, false}, std::pair{low, true}}) {
+        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&rounded_o), (sq + 2 * sk) * 4));
+        for (auto [buf, emulate, o_used] : {std::tuple{ref, false, false}, std::tuple{low, true, false},
+                                            std::tuple{rounded_o, false, true}}) {
           CHECK_CUDA(flash3::reference::attention_backward_gpu(shape, c.dtype, a.q, a.k, a.v, b.dout, buf, buf + sq,
-                                                               buf + sq + sk, emulate, nullptr));
+                                                               buf + sq + sk, emulate, nullptr,
+                                                               o_used ? &b.o : nullptr));
         }
         CHECK_CUDA(cudaDeviceSynchronize());
-        auto eps = [](float const* ref_tensor, size_t n) {
-          std::vector<float> h(n);
-          CHECK_CUDA(cudaMemcpy(h.data(), ref_tensor, n * 4, cudaMemcpyDeviceToHost));
-          float m = 0.f;
-          for (float x : h) m = std::max(m, std::fabs(x));
-          return 1e-4f * m + 1e-5f;
+        auto eps = [&](size_t offset, size_t n) {
+          std::vector<float> h(n), h_o(n);
+          CHECK_CUDA(cudaMemcpy(h.data(), ref + offset, n * 4, cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpy(h_o.data(), rounded_o + offset, n * 4, cudaMemcpyDeviceToHost));
+          float m = 0.f, d_err = 0.f;
+          for (size_t i = 0; i < n; ++i) {
+            m = std::max(m, std::fabs(h[i]));
+            d_err = std::max(d_err, std::fabs(h_o[i] - h[i]));
+          }
+          return 2.f * d_err + 1e-4f * m + 1e-5f;
         };
-        check_tensor(chk, "dQ", dq, group * d, c.heads_q * d, ref, low, sq, bf16, eps(ref, sq));
-        check_tensor(chk, "dK", dk, d, c.heads_kv * d, ref + sq, low + sq, sk, bf16, eps(ref + sq, sk));
-        check_tensor(chk, "dV", dv, d, c.heads_kv * d, ref + sq + sk, low + sq + sk, sk, bf16, eps(ref + sq + sk, sk));
+        check_tensor(chk, "dQ", dq, group * d, c.heads_q * d, ref, low, sq, bf16, eps(0, sq));
+        check_tensor(chk, "dK", dk, d, c.heads_kv * d, ref + sq, low + sq, sk, bf16, eps(sq, sk));
+        check_tensor(chk, "dV", dv, d, c.heads_kv * d, ref + sq + sk, low + sq + sk, sk, bf16, eps(sq + sk, sk));
         cudaFree(ref);
         cudaFree(low);
+        cudaFree(rounded_o);
       }
       r.max_err = chk.max_err;
       r.ref_err = chk.ref_err;

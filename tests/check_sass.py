@@ -10,6 +10,12 @@ kernels, the V transpose's LDSM.T) may touch local memory (LDL/STL: register
 spills or stack arrays). Local memory outside the mainloops is listed, so that
 it stays visible. The forward's ablation variant without warp specialization
 has no producer warpgroup to give registers away: it needs no USETMAXREG.
+
+The backward's kernels run as a chain of programmatic dependent launches
+(src/common/dependent_launch.h): each kernel after the preprocess must wait
+for the one before it (ACQBULK, griddepcontrol.wait), or it races it, and
+each one with a dependent should let it start (PREEXIT,
+griddepcontrol.launch_dependents).
 """
 import argparse
 import os
@@ -21,6 +27,19 @@ REQUIRED = {
     "forward_kernel": ("HGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"),
     "backward_kernel": ("HGMMA", "UTMALDG", "UTMAREDG", "USETMAXREG"),
 }
+
+
+CHAIN = {
+    "preprocess_kernel": ("PREEXIT",),
+    "backward_kernel": ("ACQBULK", "PREEXIT"),
+    "postprocess_dq_kernel": ("ACQBULK", "PREEXIT"),
+    "sum_groups_kernel": ("ACQBULK",),
+}
+
+
+def chain_ops(name):
+    """What a kernel of the backward's launch chain must contain (empty for other kernels)."""
+    return next((ops for k, ops in CHAIN.items() if f"bwd{len(k)}{k}" in name), ())
 
 
 def kind(name):
@@ -101,6 +120,9 @@ def check(objects, cuobjdump, nvdisasm):
             if kind(name) and (stack != "0" or local != "0"):
                 notes.append(f"{obj}: {name}: STACK:{stack} LOCAL:{local}")
         for name, body in functions(run(cuobjdump, ["-sass", obj], env)):
+            missing = [op for op in chain_ops(name) if op not in body]
+            if missing:
+                failures.append(f"{obj}: {name}: no {', '.join(missing)} (the backward's launch chain)")
             if not kind(name):
                 continue
             kernels += 1

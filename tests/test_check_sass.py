@@ -60,3 +60,13 @@ def test_the_variant_without_warp_specialization_needs_no_setmaxnreg():
     without = with_producer.replace("S4_Lb1EEEEEvN", "S4_Lb0EEEEEvN")
     assert "USETMAXREG" in check_sass.required(with_producer)
     assert check_sass.required(without) == ("HGMMA", "UTMALDG", "UTMASTG")
+
+
+def test_the_backward_chain_kernels_are_recognised():
+    assert check_sass.chain_ops("_ZN6flash33bwd17preprocess_kernelIN7cutlass10bfloat16_tEEEvNS0_16PreprocessParamsIT_EE") == (
+        "PREEXIT",)
+    assert check_sass.chain_ops("_ZN6flash33bwd15backward_kernelINS0_9BwdTraitsIN7cutlass10bfloat16_tELi128ELb0EEEEEvN"
+                                "S0_6KernelIT_E6ParamsE") == ("ACQBULK", "PREEXIT")
+    assert check_sass.chain_ops("_ZN6flash33bwd17sum_groups_kernelIN7cutlass10bfloat16_tEEEvNS0_15SumGroupsParamsIT_EE") == (
+        "ACQBULK",)
+    assert check_sass.chain_ops("_ZN6flash33fwd14forward_kernelINS0_9FwdTraitsIN7cutlass10bfloat16_tELi128E") == ()

@@ -18,6 +18,7 @@
 #include "bwd/mainloop.h"
 #include "bwd/tail_split.h"
 #include "bwd/traits.h"
+#include "common/dependent_launch.h"
 
 namespace flash3::bwd {
 
@@ -103,10 +104,18 @@ struct Kernel {
     dq_params.consumer_arv_count = cutlass::NumThreadsPerWarp;
     PipelinedQ pipeline_dq(smem.pipeline_dq, dq_params);
     __syncthreads();  // barriers initialised before anyone waits on them
+    // The postprocess may start on the SMs this grid's last wave frees. This
+    // grid may itself start before the preprocess ends (bwd/launch.h): the
+    // producer waits for it once it has issued K_j and V_j, the others (dQ's
+    // sums, the split's) here. (Waiting inside the consumers' branch made
+    // ptxas keep the tile's decoding in local memory at d = 64.)
+    let_dependents_start();
+    bool const producer = warp_group == 0 && warp_in_group == 0;
+    if (!producer) wait_for_earlier_grid();
 
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-      if (warp_in_group == 0) {
+      if (producer) {
         // Producer (lines 3-4, 6).
         MainloopT::load(mp, smem, pipeline_q, pipeline_do, n_block, head, batch, range, cute::elect_one_sync());
       } else if (warp_in_group == 1) {

@@ -1,6 +1,7 @@
 // Host side of the backward pass: workspace, preprocess, the main kernel's
 // TMA descriptors and grid (its last wave split, bwd/tail_split.h),
-// postprocess. Arguments have been validated.
+// postprocess. Each kernel after the preprocess is a programmatic dependent
+// of the one before (common/dependent_launch.h). Arguments have been validated.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,6 +16,7 @@
 #include "bwd/preprocess.h"
 #include "bwd/tail_split.h"
 #include "bwd/workspace.h"
+#include "common/dependent_launch.h"
 #include "common/gmem_tensor.h"
 #include "flash3/flash3.h"
 
@@ -164,8 +166,8 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
 
     dim3 const grid =
         Traits::kCausal ? dim3(n_blocks, unsigned(a.heads_q), unsigned(a.batch)) : dim3(unsigned(split.ctas(tiles)));
-    kernel<<<grid, KernelT::kNumThreads, KernelT::kSmemBytes, stream>>>(params);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    err = launch_dependent(kernel, grid, dim3(KernelT::kNumThreads), KernelT::kSmemBytes, stream, params);
+    if (err != cudaSuccess) return err;
   }
 
   PostprocessParams<Element> post{};
@@ -176,9 +178,9 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   post.num_heads = int(a.heads_q);
   post.m_blocks = m_blocks;
   post.softmax_scale = scale;
-  postprocess_dq_kernel<Traits>
-      <<<dim3(m_blocks, unsigned(a.heads_q), unsigned(a.batch)), Traits::kNumConsumerThreads, 0, stream>>>(post);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  err = launch_dependent(postprocess_dq_kernel<Traits>, dim3(m_blocks, unsigned(a.heads_q), unsigned(a.batch)),
+                         dim3(Traits::kNumConsumerThreads), 0, stream, post);
+  if (err != cudaSuccess) return err;
 
   if (group > 1 && a.seqlen_k > 0) {
     SumGroupsParams<Element> sum{};
@@ -193,8 +195,8 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     sum.heads_kv = int(a.heads_kv);
     sum.head_group = group;
     sum.head_dim = int(a.head_dim);
-    sum_groups_kernel<Element><<<unsigned((sum.elements + 255) / 256), 256, 0, stream>>>(sum);
-    err = cudaGetLastError();
+    err = launch_dependent(sum_groups_kernel<Element>, dim3(unsigned((sum.elements + 255) / 256)), dim3(256), 0,
+                           stream, sum);
   }
   return err;
 }

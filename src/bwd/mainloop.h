@@ -11,6 +11,7 @@
 #include "bwd/mask.h"
 #include "bwd/query_range.h"
 #include "bwd/traits.h"
+#include "common/dependent_launch.h"
 #include "common/layout.h"
 
 namespace flash3::bwd {
@@ -118,6 +119,7 @@ struct Mainloop {
       copy(p.tma_k.with(bar), tma_k.partition_S(gK), tma_k.partition_D(sK));
       copy(p.tma_v.with(bar), tma_v.partition_S(gV), tma_v.partition_D(sV));
     }
+    wait_for_earlier_grid();  // LSE_i and D_i: the preprocess's
     auto write_q = cutlass::make_producer_start_state<PipelineQ>();
     auto write_do = cutlass::make_producer_start_state<PipelinedO>();
     for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {

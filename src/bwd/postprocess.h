@@ -6,6 +6,7 @@
 #include <cute/tensor.hpp>
 
 #include "bwd/traits.h"
+#include "common/dependent_launch.h"
 
 namespace flash3::bwd {
 
@@ -34,6 +35,8 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
   // store fall in different banks.
   constexpr int kLd = kD + kVec;
   __shared__ alignas(16) Element tile[kM * kLd];
+  let_dependents_start();
+  wait_for_earlier_grid();  // the main kernel's dQ sums
   int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   int const tid = threadIdx.x;
   Tensor coords = typename Traits::TiledMmadQ{}.get_thread_slice(tid).partition_C(
@@ -77,6 +80,7 @@ struct SumGroupsParams {
 // dK[b, j, h] = sum over the group's query heads g of dK_accum[b, h * group + g, j].
 template <class Element>
 __global__ void __launch_bounds__(256) sum_groups_kernel(SumGroupsParams<Element> const p) {
+  wait_for_earlier_grid();  // the postprocess, which waited for the main kernel's dK, dV sums
   int64_t const i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.elements) return;
   int const col = int(i % p.head_dim);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/dependent_launch.h"
 #include "flash3/flash3.h"
 
 namespace flash3::bwd {
@@ -42,6 +43,7 @@ constexpr int kPreprocessThreadsPerRow = 8;
 
 template <class Element>
 __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(PreprocessParams<Element> const p) {
+  let_dependents_start();  // the main kernel's CTAs take the SMs this grid's last wave frees
   constexpr int kVec = 16 / sizeof(Element);
   constexpr int kRowsPerCta = kPreprocessThreads / kPreprocessThreadsPerRow;
   int64_t const row = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / kPreprocessThreadsPerRow;
