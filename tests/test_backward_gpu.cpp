@@ -141,14 +141,34 @@ class BackwardCase {
 
   // Poisons the gradients (NaN where not written), runs backward, copies them out.
   flash3::Status backward(flash3::BackwardArgs const& a, Grads& run) {
-    cudaMemset(grad_.ptr, 0xff, (c_.packed ? 3 * q_elems_ : q_elems_ + 2 * kv_elems_) * 2);
+    poison(nullptr);
     flash3::Status s = flash3::backward(a, nullptr);
-    if (!s.ok()) return s;
-    cudaError_t const err = cudaDeviceSynchronize();
-    if (err != cudaSuccess) return {flash3::Status::Code::kCudaError, std::string("backward: ") + cudaGetErrorString(err)};
-    run.dq = download(dq_, c_.seqlen_q, c_.heads_q);
-    run.dk = download(dk_, c_.seqlen_k, c_.heads_kv);
-    run.dv = download(dv_, c_.seqlen_k, c_.heads_kv);
+    return s.ok() ? download_grads(nullptr, run) : s;
+  }
+
+  // The same, captured once in a CUDA graph on a stream of its own and
+  // replayed runs.size() times, each on poisoned gradients.
+  flash3::Status backward_in_graph(flash3::BackwardArgs const& a, std::vector<Grads>& runs) {
+    cudaStream_t stream = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    flash3::Status s = cuda_status("stream", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    if (s.ok()) s = cuda_status("capture", cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    if (s.ok()) {
+      s = flash3::backward(a, stream);
+      flash3::Status const ended = cuda_status("capture", cudaStreamEndCapture(stream, &graph));
+      if (s.ok()) s = ended;
+    }
+    if (s.ok()) s = cuda_status("instantiate", cudaGraphInstantiate(&exec, graph, 0));
+    for (Grads& run : runs) {
+      if (!s.ok()) break;
+      poison(stream);
+      s = cuda_status("replay", cudaGraphLaunch(exec, stream));
+      if (s.ok()) s = download_grads(stream, run);
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (stream) cudaStreamDestroy(stream);
     return s;
   }
 
@@ -181,6 +201,22 @@ class BackwardCase {
   }
 
  private:
+  static flash3::Status cuda_status(char const* what, cudaError_t err) {
+    if (err == cudaSuccess) return {};
+    return {flash3::Status::Code::kCudaError, std::string(what) + ": " + cudaGetErrorString(err)};
+  }
+  void poison(cudaStream_t stream) {
+    cudaMemsetAsync(grad_.ptr, 0xff, (c_.packed ? 3 * q_elems_ : q_elems_ + 2 * kv_elems_) * 2, stream);
+  }
+  flash3::Status download_grads(cudaStream_t stream, Grads& run) {
+    flash3::Status const s = cuda_status("backward", cudaStreamSynchronize(stream));
+    if (!s.ok()) return s;
+    run.dq = download(dq_, c_.seqlen_q, c_.heads_q);
+    run.dk = download(dk_, c_.seqlen_k, c_.heads_kv);
+    run.dv = download(dv_, c_.seqlen_k, c_.heads_kv);
+    return s;
+  }
+
   Tensor view(uint16_t* base, int which, bool is_q) const {
     int64_t const heads = is_q ? c_.heads_q : c_.heads_kv;
     int64_t const seqlen = is_q ? c_.seqlen_q : c_.seqlen_k;
@@ -333,6 +369,50 @@ TEST(Backward, ManyQueryBlocksFewKeys) {
   SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 950;
   for (bool causal : {false, true}) run_case(Case{DType::kBF16, 128, causal, 1, 140000, 300, 2, 1}, seed++);
+}
+
+// The backward's kernels are programmatic dependent launches
+// (common/dependent_launch.h), which stream capture turns into programmatic
+// graph edges; the workspace becomes the graph's allocation. Two replays give
+// what direct calls give: bitwise in deterministic mode (GQA, so that the
+// group sums join the chain), within the tolerance otherwise (without the
+// mask, LastWaveSplit's first shape: its last wave split into parts).
+TEST(Backward, CapturedInGraph) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::string unsupported;
+  for (bool deterministic : {true, false}) {
+    for (bool causal : {false, true}) {
+      Case const c = deterministic ? Case{DType::kBF16, 128, causal, 2, 1000, 1000, 4, 2}
+                                   : Case{DType::kBF16, 64, causal, 1, 1100, 1100, 32, 32};
+      SCOPED_TRACE(name(c) + (deterministic ? " deterministic" : ""));
+      BackwardCase bc(c, 91);
+      ASSERT_TRUE(bc.ok());
+      flash3::Status s = bc.forward();
+      if (s.code() == flash3::Status::Code::kUnsupported) {
+        unsupported += s.message() + "; ";
+        continue;
+      }
+      ASSERT_TRUE(s.ok()) << s.message();
+      flash3::BackwardArgs a = bc.args();
+      a.deterministic = deterministic;
+      Grads direct;
+      s = bc.backward(a, direct);
+      ASSERT_TRUE(s.ok()) << s.message();
+      std::vector<Grads> replays(2);
+      s = bc.backward_in_graph(a, replays);
+      ASSERT_TRUE(s.ok()) << s.message();
+      for (Grads const& run : replays) {
+        if (deterministic) {
+          EXPECT_EQ(run.dq, direct.dq);
+          EXPECT_EQ(run.dk, direct.dk);
+          EXPECT_EQ(run.dv, direct.dv);
+        } else {
+          bc.check(run);
+        }
+      }
+    }
+  }
+  if (!unsupported.empty()) GTEST_SKIP() << unsupported;
 }
 
 TEST(Backward, CallerWorkspace) {
