@@ -17,10 +17,14 @@ struct BlockRange {
   FLASH3_HOST_DEVICE bool empty() const { return n_block_max <= n_block_min; }
 };
 
-// Tile m_block holds query rows [m_block * block_m - row_offset, + block_m):
-// a causal launch starts its first tile above the sequence, so that its
-// partial tile is the top one, whose rows see the fewest keys, rather than
-// the bottom one, whose rows see them all (launch_forward).
+// Tile m_block holds query rows [tile_first_row, + block_m): a causal launch
+// starts its first tile above the sequence (row_offset rows, negative first
+// rows), so that its partial tile is the top one, whose rows see the fewest
+// keys, rather than the bottom one, whose rows see them all (launch_forward).
+FLASH3_HOST_DEVICE int tile_first_row(int m_block, int block_m, int row_offset) {
+  return m_block * block_m - row_offset;
+}
+
 FLASH3_HOST_DEVICE BlockRange block_range(int m_block, int block_m, int block_n, int seqlen_q, int seqlen_k,
                                           bool causal, int row_offset = 0) {
   BlockRange r;
@@ -31,8 +35,9 @@ FLASH3_HOST_DEVICE BlockRange block_range(int m_block, int block_m, int block_n,
   r.n_block_mask = (seqlen_k % block_n == 0) ? num_n_blocks : num_n_blocks - 1;
   if (causal) {
     int const offset = seqlen_k - seqlen_q;
-    int const first_row = m_block * block_m - row_offset < 0 ? 0 : m_block * block_m - row_offset;
-    int const last_row = (m_block + 1) * block_m - 1 - row_offset;
+    int const tile_row = tile_first_row(m_block, block_m, row_offset);
+    int const first_row = tile_row < 0 ? 0 : tile_row;
+    int const last_row = tile_row + block_m - 1;
     // The last row of the tile sees up to column last_row + offset.
     int const last_visible = (last_row < seqlen_q ? last_row : seqlen_q - 1) + offset;
     int const n_max = last_visible < 0 ? 0 : last_visible / block_n + 1;

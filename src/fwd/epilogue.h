@@ -12,6 +12,7 @@
 
 #include "common/layout.h"
 #include "common/tile_scheduler.h"
+#include "fwd/block_range.h"
 #include "fwd/traits.h"
 
 namespace flash3::fwd {
@@ -42,7 +43,7 @@ struct Epilogue {
     float* lse;  // [batch, heads, seqlen_q] or nullptr
     int seqlen_q;
     int num_heads;
-    int row_offset;  // tile m_block holds rows m_block * kBlockM - row_offset, ... (block_range)
+    int row_offset;  // rows above the sequence in the first tile (tile_first_row)
   };
 
   static Params make_params(GmemTensor const& o, float* lse, int seqlen_q, int num_heads, int row_offset) {
@@ -112,7 +113,7 @@ struct Epilogue {
         int64_t const base = (int64_t(tile.batch) * p.num_heads + tile.head) * p.seqlen_q;
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
-          int const row = tile.m_block * kBlockM - p.row_offset + get<0>(rc(r, 0));
+          int const row = tile_first_row(tile.m_block, kBlockM, p.row_offset) + get<0>(rc(r, 0));
           if (row >= 0 && row < p.seqlen_q) p.lse[base + row] = lse[r];
         }
       }

@@ -54,7 +54,7 @@ struct Mainloop {
     int head_group;  // heads_q / heads_kv: query heads sharing one K/V head
     int seqlen_q;
     int seqlen_k;
-    int row_offset;    // tile m_block holds rows m_block * kBlockM - row_offset, ... (block_range)
+    int row_offset;    // rows above the sequence in the first tile (tile_first_row)
     float scale_log2;  // softmax_scale * log2(e)
     // FP8's descale factors, per (batch, head, block) of Q (block M) and of
     // K and V (block N).

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/layout.h"
+#include "fwd/block_range.h"
 
 namespace flash3::fwd {
 
@@ -13,7 +14,7 @@ template <bool kCausal, int kBlockM, int kBlockN, class TiledMma>
 struct Mask {
   int seqlen_q;
   int seqlen_k;
-  int row_offset;  // tile m_block holds rows m_block * kBlockM - row_offset, ... (block_range)
+  int row_offset;  // rows above the sequence in the first tile (tile_first_row)
 
   // thread_idx: the thread's index among the consumer threads, as used to
   // partition the accumulator.
@@ -29,7 +30,7 @@ struct Mask {
     for (int r = 0; r < size<0>(s); ++r) {
       int limit = seqlen_k;  // first column this row may not see
       if constexpr (kCausal) {
-        int const row = m_block * kBlockM - row_offset + get<0>(c(r, 0));
+        int const row = tile_first_row(m_block, kBlockM, row_offset) + get<0>(c(r, 0));
         limit = min(limit, row + 1 + seqlen_k - seqlen_q);
       }
       CUTE_UNROLL
