@@ -42,6 +42,11 @@ def chain_ops(name):
     return next((ops for k, ops in CHAIN.items() if f"bwd{len(k)}{k}" in name), ())
 
 
+def missing_chain_ops(name, body):
+    """The launch-chain instructions a kernel of the chain lacks."""
+    return [op for op in chain_ops(name) if op not in body]
+
+
 def kind(name):
     """The REQUIRED key of a checked kernel, or None."""
     return next((k for k in REQUIRED if k in name), None)
@@ -120,7 +125,7 @@ def check(objects, cuobjdump, nvdisasm):
             if kind(name) and (stack != "0" or local != "0"):
                 notes.append(f"{obj}: {name}: STACK:{stack} LOCAL:{local}")
         for name, body in functions(run(cuobjdump, ["-sass", obj], env)):
-            missing = [op for op in chain_ops(name) if op not in body]
+            missing = missing_chain_ops(name, body)
             if missing:
                 failures.append(f"{obj}: {name}: no {', '.join(missing)} (the backward's launch chain)")
             if not kind(name):

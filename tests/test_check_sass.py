@@ -70,3 +70,11 @@ def test_the_backward_chain_kernels_are_recognised():
     assert check_sass.chain_ops("_ZN6flash33bwd17sum_groups_kernelIN7cutlass10bfloat16_tEEEvNS0_15SumGroupsParamsIT_EE") == (
         "ACQBULK",)
     assert check_sass.chain_ops("_ZN6flash33fwd14forward_kernelINS0_9FwdTraitsIN7cutlass10bfloat16_tELi128E") == ()
+
+
+def test_a_chain_kernel_without_its_wait_is_found():
+    name = "_ZN6flash33bwd21postprocess_dq_kernelINS0_9BwdTraitsIN7cutlass10bfloat16_tELi128ELb0EEEEEvNS0_17Post"
+    waits = sass((0x10, "PREEXIT"), (0x20, "ACQBULK"), (0x30, "LDG.E.128 R4, desc[UR4][R2.64]"), (0x40, "EXIT"))
+    races = sass((0x10, "PREEXIT"), (0x20, "LDG.E.128 R4, desc[UR4][R2.64]"), (0x30, "EXIT"))
+    assert check_sass.missing_chain_ops(name, waits) == []
+    assert check_sass.missing_chain_ops(name, races) == ["ACQBULK"]

@@ -68,13 +68,12 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   TailSplit split;
   if (n_blocks > 0) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelT::kSmemBytes);
-    int ctas_per_sm = 0;
-    if (err == cudaSuccess) {
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, KernelT::kNumThreads,
-                                                          KernelT::kSmemBytes);
-    }
     if (err != cudaSuccess) return err;
     if (!Traits::kCausal && !a.deterministic) {
+      int ctas_per_sm = 0;
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, KernelT::kNumThreads,
+                                                          KernelT::kSmemBytes);
+      if (err != cudaSuccess) return err;
       split = plan_tail_split(tiles, int64_t(device.num_sms) * ctas_per_sm, m_blocks, w.split_tiles);
     }
     if (split.ctas(tiles) > std::numeric_limits<int>::max()) return cudaErrorInvalidConfiguration;
