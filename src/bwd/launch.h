@@ -29,6 +29,30 @@ void strides_of(TensorRef<Pointer> const& t, int64_t (&s)[3]) {
   s[2] = t.head_stride;
 }
 
+// dK and dV in the input dtype from the per-query-head fp32 sums, or zeros
+// where dk_accum is nullptr.
+template <class Element>
+SumGroupsParams<Element> sum_groups_params(BackwardArgs const& a, float const* dk_accum, float const* dv_accum) {
+  SumGroupsParams<Element> p{};
+  p.dk_accum = dk_accum;
+  p.dv_accum = dv_accum;
+  p.dk = static_cast<Element*>(a.dk.data);
+  p.dv = static_cast<Element*>(a.dv.data);
+  strides_of(a.dk, p.dk_strides);
+  strides_of(a.dv, p.dv_strides);
+  p.elements = a.batch * a.seqlen_k * a.heads_kv * a.head_dim;
+  p.seqlen_k = int(a.seqlen_k);
+  p.heads_kv = int(a.heads_kv);
+  p.head_group = int(a.heads_q / a.heads_kv);
+  p.head_dim = int(a.head_dim);
+  return p;
+}
+
+template <class Element>
+unsigned sum_groups_ctas(SumGroupsParams<Element> const& p) {
+  return unsigned((p.elements + kSumGroupsThreads - 1) / kSumGroupsThreads);
+}
+
 template <class Traits>
 cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, char* ws, WorkspaceLayout const& w,
                              cudaStream_t stream) {
@@ -47,17 +71,8 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
 
   if (a.seqlen_q == 0) {
     // No query: dK = dV = 0.
-    SumGroupsParams<Element> z{};
-    z.dk = static_cast<Element*>(a.dk.data);
-    z.dv = static_cast<Element*>(a.dv.data);
-    strides_of(a.dk, z.dk_strides);
-    strides_of(a.dv, z.dv_strides);
-    z.elements = a.batch * a.seqlen_k * a.heads_kv * a.head_dim;
-    z.seqlen_k = int(a.seqlen_k);
-    z.heads_kv = int(a.heads_kv);
-    z.head_group = group;
-    z.head_dim = int(a.head_dim);
-    sum_groups_kernel<Element><<<unsigned((z.elements + 255) / 256), 256, 0, stream>>>(z);
+    SumGroupsParams<Element> const zeros = sum_groups_params<Element>(a, nullptr, nullptr);
+    sum_groups_kernel<Element><<<sum_groups_ctas(zeros), kSumGroupsThreads, 0, stream>>>(zeros);
     return cudaGetLastError();
   }
 
@@ -182,20 +197,9 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   if (err != cudaSuccess) return err;
 
   if (group > 1 && a.seqlen_k > 0) {
-    SumGroupsParams<Element> sum{};
-    sum.dk_accum = dk_accum;
-    sum.dv_accum = dv_accum;
-    sum.dk = static_cast<Element*>(a.dk.data);
-    sum.dv = static_cast<Element*>(a.dv.data);
-    strides_of(a.dk, sum.dk_strides);
-    strides_of(a.dv, sum.dv_strides);
-    sum.elements = a.batch * a.seqlen_k * a.heads_kv * a.head_dim;
-    sum.seqlen_k = int(a.seqlen_k);
-    sum.heads_kv = int(a.heads_kv);
-    sum.head_group = group;
-    sum.head_dim = int(a.head_dim);
-    err = launch_dependent(sum_groups_kernel<Element>, dim3(unsigned((sum.elements + 255) / 256)), dim3(256), 0,
-                           stream, sum);
+    SumGroupsParams<Element> const sum = sum_groups_params<Element>(a, dk_accum, dv_accum);
+    err = launch_dependent(sum_groups_kernel<Element>, dim3(sum_groups_ctas(sum)), dim3(kSumGroupsThreads), 0, stream,
+                           sum);
   }
   return err;
 }

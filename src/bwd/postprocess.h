@@ -77,9 +77,12 @@ struct SumGroupsParams {
   int head_dim;
 };
 
-// dK[b, j, h] = sum over the group's query heads g of dK_accum[b, h * group + g, j].
+// dK[b, j, h] = sum over the group's query heads g of dK_accum[b, h * group + g, j],
+// a thread per element.
+constexpr int kSumGroupsThreads = 256;
+
 template <class Element>
-__global__ void __launch_bounds__(256) sum_groups_kernel(SumGroupsParams<Element> const p) {
+__global__ void __launch_bounds__(kSumGroupsThreads) sum_groups_kernel(SumGroupsParams<Element> const p) {
   wait_for_earlier_grid();  // the postprocess, which waited for the main kernel's dK, dV sums
   int64_t const i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.elements) return;
