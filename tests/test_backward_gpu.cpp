@@ -361,6 +361,48 @@ TEST(Backward, LastWaveSplit) {
   }
 }
 
+// No query row: every key's dK and dV are zero, and are written (the
+// gradients are poisoned first); Q, O, dO and the LSE are not read (null).
+// MHA and GQA, whose zeros come from the same group-sum kernel.
+TEST(Backward, NoQueryGivesZeroKeyGradients) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  for (int d : {64, 128, 256}) {
+    for (int heads_kv : {8, 2}) {
+      SCOPED_TRACE("d" + std::to_string(d) + " h8/" + std::to_string(heads_kv));
+      int64_t const batch = 2, seqlen_k = 300;
+      size_t const n = size_t(batch * seqlen_k * heads_kv * d);
+      DeviceBuffer<uint16_t> k(n), v(n), dk(n), dv(n);
+      ASSERT_TRUE(k.ptr && v.ptr && dk.ptr && dv.ptr);
+      ASSERT_EQ(cudaMemset(k.ptr, 0x3c, n * 2), cudaSuccess);
+      ASSERT_EQ(cudaMemset(v.ptr, 0x3c, n * 2), cudaSuccess);
+      ASSERT_EQ(cudaMemset(dk.ptr, 0xff, n * 2), cudaSuccess);  // NaN
+      ASSERT_EQ(cudaMemset(dv.ptr, 0xff, n * 2), cudaSuccess);
+      flash3::BackwardArgs a;
+      a.dtype = DType::kBF16;
+      a.batch = batch;
+      a.seqlen_q = 0;
+      a.seqlen_k = seqlen_k;
+      a.heads_q = 8;
+      a.heads_kv = heads_kv;
+      a.head_dim = d;
+      a.k = flash3::contiguous<const void*>(k.ptr, seqlen_k, heads_kv, d);
+      a.v = flash3::contiguous<const void*>(v.ptr, seqlen_k, heads_kv, d);
+      a.dk = flash3::contiguous<void*>(dk.ptr, seqlen_k, heads_kv, d);
+      a.dv = flash3::contiguous<void*>(dv.ptr, seqlen_k, heads_kv, d);
+      flash3::Status const s = flash3::backward(a, nullptr);
+      if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
+      ASSERT_TRUE(s.ok()) << s.message();
+      std::vector<uint16_t> got_k(n), got_v(n);
+      ASSERT_EQ(cudaMemcpy(got_k.data(), dk.ptr, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(got_v.data(), dv.ptr, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got_k[i], 0) << "dk[" << i << "]";
+        ASSERT_EQ(got_v[i], 0) << "dv[" << i << "]";
+      }
+    }
+  }
+}
+
 // Shapes drawn at random (gpu_test_util.h), besides the sweep's.
 TEST(Backward, RandomShapes) {
   SKIP_WITHOUT_CUDA_DEVICE();
