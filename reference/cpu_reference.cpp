@@ -179,4 +179,13 @@ uint16_t float_to_half(float x) {
   return sign | uint16_t(quotient + (round_up ? 1 : 0));  // 0x400 (2^-14) when it rounds up into the normals
 }
 
+float backward_epsilon(const float* ref, const float* ref_rounded_o, size_t n) {
+  float largest = 0.f, d_moved = 0.f;
+  for (size_t i = 0; i < n; ++i) {
+    largest = std::max(largest, std::fabs(ref[i]));
+    d_moved = std::max(d_moved, std::fabs(ref_rounded_o[i] - ref[i]));
+  }
+  return 2.f * d_moved + 1e-4f * largest + 1e-5f;
+}
+
 }  // namespace flash3::reference

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "flash3/flash3.h"
@@ -137,6 +138,13 @@ cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dt
                                    float* dq, float* dk, float* dv, bool emulate_low_precision,
                                    cudaStream_t stream, const flash3::ConstTensor* o = nullptr);
 #endif
+
+// The backward check's epsilon, shared by the GPU tests and the benchmark
+// (the check: max |got - ref| <= 2 max |low - ref| + epsilon, per gradient).
+// Twice what D = rowsum(dO o O) from the rounded O moves the float32
+// reference (`ref` against `ref_rounded_o`, the reference given that O), then
+// 1e-4 of the largest |ref| and 1e-5 for float32's own rounding.
+float backward_epsilon(const float* ref, const float* ref_rounded_o, size_t n);
 
 // 16-bit float conversions on the host, without CUDA headers. float_to_* round
 // to nearest, ties to even; overflow gives infinity and NaN stays NaN.

@@ -103,6 +103,16 @@ std::string describe(const AttentionShape& s) {
          std::to_string(s.head_dim) + (s.causal ? " causal" : "");
 }
 
+// The backward check's epsilon: twice the largest move of D from the rounded
+// O, plus 1e-4 of the largest |gradient| and 1e-5.
+TEST(BackwardEpsilon, FromTheRoundedOutputsMoveAndTheLargestGradient) {
+  const float ref[] = {0.5f, -2.0f, 0.25f};
+  const float moved[] = {0.5f, -2.0f, 0.125f};  // one gradient moved by 0.125
+  EXPECT_FLOAT_EQ(flash3::reference::backward_epsilon(ref, ref, 3), 1e-4f * 2.0f + 1e-5f);
+  EXPECT_FLOAT_EQ(flash3::reference::backward_epsilon(ref, moved, 3), 2 * 0.125f + 1e-4f * 2.0f + 1e-5f);
+  EXPECT_FLOAT_EQ(flash3::reference::backward_epsilon(ref, moved, 2), 1e-4f * 2.0f + 1e-5f);  // only the first n
+}
+
 TEST(ReferenceCpu, MatchesNaiveFormulation) {
   const AttentionShape shapes[] = {
       {2, 5, 5, 2, 2, 8, 0.0f, false},   // MHA
