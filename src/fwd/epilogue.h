@@ -1,10 +1,12 @@
 // The forward epilogue (Algorithm 1, line 25): O from registers to shared
-// memory (stmatrix), then to global memory by TMA stores (of the whole tile,
-// or of each warpgroup's rows: FwdTraits::TileShapeOStore), all columns at
-// once or, where shared memory holds only half of O, in two column halves;
-// the LSE straight from registers. Only rows of the sequence are written:
-// blocks above it (a causal launch's first tile) are skipped, and the TMA
-// store's bounds clip the rows past seqlen_q.
+// memory (stmatrix), then to global memory by TMA stores, all columns at once
+// or, where shared memory holds only half of O, in two column halves; the
+// LSE straight from registers. With FwdTraits::kDeferEpilogue each consumer
+// warpgroup stores its own 64 rows and waits for no other warpgroup, so that
+// it can run its epilogue while the others' GEMMs run; otherwise the
+// warpgroups join and one TMA store takes the whole tile. Only rows of the
+// sequence are written: 64-row blocks above it (a causal launch's first
+// tile) are skipped, and the TMA store's bounds clip the rows past seqlen_q.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -28,7 +30,9 @@ struct Epilogue {
   using TileShapeOStore = typename Traits::TileShapeOStore;
   static constexpr int kOChunks = Traits::kOChunks;
   static constexpr int kStoreRows = Traits::kOStoreRows;
-  static constexpr int kStores = kBlockM / kStoreRows;  // per chunk
+  // The threads that meet before and after writing the buffer: a warpgroup,
+  // or all consumers.
+  static constexpr int kSyncThreads = Traits::kDeferEpilogue ? cutlass::NumThreadsPerWarpGroup : kNumConsumerThreads;
   using SmemLayoutO = typename Traits::SmemLayoutO;
   using SmemLayoutOStore = typename Traits::SmemLayoutOStore;
   using SharedStorage = typename Traits::SharedStorage;
@@ -57,16 +61,26 @@ struct Epilogue {
 
   // The last tile's O must be read out of shared memory before the CTA exits.
   CUTE_DEVICE static void store_tail() {
-    if (Traits::consumer_thread_idx() == 0) tma_store_wait<0>();
+    if (Traits::consumer_thread_idx() % kSyncThreads == 0) tma_store_wait<0>();
   }
 
-  // tOrO: the normalised fp32 O of this thread; lse: its rows' LSE.
+  // O in the output type, from the normalised fp32 accumulator.
+  template <class FragO>
+  CUTE_DEVICE static auto convert(FragO const& tOrO) {
+    return convert_fragment<Element>(tOrO);
+  }
+
+  // rO: this thread's O (convert); lse: its rows' LSE.
   template <class FragO, int kRows>
-  CUTE_DEVICE static void store(Params const& p, SharedStorage& smem, FragO const& tOrO, float const (&lse)[kRows],
+  CUTE_DEVICE static void store(Params const& p, SharedStorage& smem, FragO const& rO, float const (&lse)[kRows],
                                 TileCoord tile) {
     int const thread_idx = Traits::consumer_thread_idx();
+    // The thread that issues the stores of the buffer's blocks [first, last).
+    bool const leader = thread_idx % kSyncThreads == 0;
+    int const first = Traits::kDeferEpilogue ? thread_idx / cutlass::NumThreadsPerWarpGroup : 0;
+    int const last = Traits::kDeferEpilogue ? first + 1 : kBlockM / kStoreRows;
+    auto const barrier = uint32_t(Barrier::kEpilogueWG0) + first;
     Tensor sO = make_tensor(make_smem_ptr(smem.o.data()), SmemLayoutO{});
-    Tensor rO = convert_fragment<Element>(tOrO);
     auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::TiledMmaOChunk{});
     auto thr_r2s = r2s.get_thread_slice(thread_idx);
     Tensor dst = thr_r2s.partition_D(sO);
@@ -81,20 +95,19 @@ struct Epilogue {
                                     partition_fragment_C(typename Traits::TiledMmaOChunk{}, TileShapeOChunk{}).layout());
       Tensor src = thr_r2s.retile_S(rO_chunk);
       // The buffer is free once the previous store has read it.
-      if (thread_idx == 0) tma_store_wait<0>();
-      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
+      if (leader) tma_store_wait<0>();
+      cutlass::arch::NamedBarrier::sync(kSyncThreads, barrier);
       copy(r2s, src, dst);
       // stmatrix writes go through the generic proxy; the TMA store reads
       // through the async proxy.
       cutlass::arch::fence_view_async_shared();
-      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
-      if (thread_idx == 0) {
-        CUTE_UNROLL
-        for (int part = 0; part < kStores; ++part) {
+      cutlass::arch::NamedBarrier::sync(kSyncThreads, barrier);
+      if (leader) {
+        for (int part = first; part < last; ++part) {
           // The block of the sequence this part of the tile holds: blocks
           // wholly outside the sequence are not stored, one partly past its
           // end is clipped by the TMA store's bounds.
-          int const block = tile.m_block * kStores + part - p.row_offset / kStoreRows;
+          int const block = tile.m_block * (kBlockM / kStoreRows) + part - p.row_offset / kStoreRows;
           if (block < 0 || block * kStoreRows >= p.seqlen_q) continue;
           Tensor sO_part = make_tensor(make_smem_ptr(smem.o.data() + part * cosize(SmemLayoutOStore{})),
                                        SmemLayoutOStore{});

@@ -28,6 +28,8 @@ struct Kernel {
   using MainloopT = Mainloop<Traits>;
   using EpilogueT = Epilogue<Traits>;
   using SharedStorage = typename Traits::SharedStorage;
+  using PipelineQ = typename Traits::PipelineQ;
+  using QState = typename PipelineQ::PipelineState;
   using PipelineK = typename Traits::PipelineK;
   using PipelineV = typename Traits::PipelineV;
   using PipelineVLoad = typename Traits::PipelineVLoad;
@@ -65,6 +67,20 @@ struct Kernel {
     return __shfl_sync(0xffffffff, next, 0);
   }
 
+  // A TMA pipeline's roles: the producer warpgroup loads, the consumers read
+  // (without warp specialization, the consumers do both).
+  template <class Pipeline>
+  CUTE_DEVICE static typename Pipeline::Params tma_pipeline_params(int warp_group, uint32_t bytes, bool leader) {
+    typename Pipeline::Params params;
+    params.transaction_bytes = bytes;
+    params.role = !Traits::kWarpSpecialized ? Pipeline::ThreadCategory::ProducerConsumer
+                  : warp_group == 0        ? Pipeline::ThreadCategory::Producer
+                                           : Pipeline::ThreadCategory::Consumer;
+    params.is_leader = leader;
+    params.num_consumers = Traits::kNumConsumerThreads;
+    return params;
+  }
+
   static constexpr int kNumThreads = Traits::kNumThreads;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
@@ -78,16 +94,12 @@ struct Kernel {
     if (threadIdx.x == 0) {
       MainloopT::prefetch_descriptors(params.mainloop);
       EpilogueT::prefetch_descriptors(params.epilogue);
-      smem.barrier_q.init(/*arrive_count=*/1);
     }
-    typename PipelineK::Params pipeline_params;
-    pipeline_params.transaction_bytes = MainloopT::kKVBytes;
-    pipeline_params.role = !Traits::kWarpSpecialized ? PipelineK::ThreadCategory::ProducerConsumer
-                           : warp_group == 0        ? PipelineK::ThreadCategory::Producer
-                                                    : PipelineK::ThreadCategory::Consumer;
-    pipeline_params.is_leader = threadIdx.x == 0;
-    pipeline_params.num_consumers = Traits::kNumConsumerThreads;
+    auto pipeline_params = tma_pipeline_params<PipelineK>(warp_group, MainloopT::kKVBytes, threadIdx.x == 0);
     PipelineK pipeline_k(smem.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+    // Without a leader: Loads::q() arrives itself.
+    PipelineQ pipeline_q(smem.pipeline_q, tma_pipeline_params<PipelineQ>(warp_group, MainloopT::kQBytes, false),
+                         Shape<_1, _1, _1>{});
     // The transposing threads: FP8's producer warps 1-3.
     bool const transposer = Traits::kFp8 && warp_group == 0 && warp_in_group != 0;
     bool const producer = Traits::kWarpSpecialized && warp_group == 0;
@@ -171,11 +183,11 @@ struct Kernel {
       // Producer (lines 2-10).
       cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
       if (warp_in_group != 0) return;
+      QState write_q = cutlass::make_producer_start_state<PipelineQ>();
       PipelineState write_k = cutlass::make_producer_start_state<PipelineK>();
       PipelineState write_v = cutlass::make_producer_start_state<PipelineV>();
       auto write_tile = cutlass::make_producer_start_state<PipelineTile>();
-      int iteration = 0;
-      for (int t = blockIdx.x;; t = next_tile(params, t), ++iteration) {
+      for (int t = blockIdx.x;; t = next_tile(params, t)) {
         pipeline_tile.producer_acquire(write_tile);
         if (lane_leader) smem.tile_index = t;
         pipeline_tile.producer_commit(write_tile);
@@ -185,8 +197,9 @@ struct Kernel {
         // V's TMA loads feed FP8's transposers, else the consumers.
         auto load_tile = [&](auto& pipeline_v_tma) {
           using Loads = typename MainloopT::template Loads<std::remove_reference_t<decltype(pipeline_v_tma)>>;
-          MainloopT::load(Loads{params.mainloop, smem, pipeline_k, pipeline_v_tma, write_k, write_v, tile, lane_leader},
-                          range_of(tile), iteration);
+          MainloopT::load(Loads{params.mainloop, smem, pipeline_q, pipeline_k, pipeline_v_tma, write_q, write_k,
+                                write_v, tile, lane_leader},
+                          range_of(tile));
         };
         if constexpr (Traits::kFp8) {
           load_tile(pipeline_v_load);
@@ -199,27 +212,42 @@ struct Kernel {
       if constexpr (Traits::kWarpSpecialized) cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
       int const thread_idx = threadIdx.x - Traits::kFirstConsumerThread;
       int const consumer_group = thread_idx / cutlass::NumThreadsPerWarpGroup;
+      QState read_q;
       PipelineState read_k, read_v;
       // Without a producer: the states of consumer thread 0's loads.
+      QState write_q = cutlass::make_producer_start_state<PipelineQ>();
       PipelineState write_k = cutlass::make_producer_start_state<PipelineK>();
       PipelineState write_v = cutlass::make_producer_start_state<PipelineV>();
       typename Traits::TiledMmaPV tiled_mma_pv;
       Tensor tOrO = partition_fragment_C(tiled_mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
       OnlineSoftmax<2, Traits::kFp8 ? 8 : 0, Traits::kLazyRowMax> softmax;
+      // The finished tile's O (in the output type: a quarter or half of the
+      // fp32 accumulator's registers) and LSE. With kDeferEpilogue they are
+      // stored during the next tile's first GEMM (DeferredEpilogue) or after
+      // the last tile, else at once.
+      decltype(EpilogueT::convert(tOrO)) done_o;
+      float done_lse[2];
+      TileCoord done_tile{};
+      bool have_done = false;
+      auto store_done = [&] {
+        if (have_done) EpilogueT::store(params.epilogue, smem, done_o, done_lse, done_tile);
+        have_done = false;
+      };
+      auto previous_epilogue = [&] {
+        if constexpr (Traits::kDeferEpilogue) store_done();
+        clear(tOrO);
+      };
       MainloopT::pingpong_start(consumer_group);
       typename PipelineTile::PipelineState read_tile;
       for (int t = blockIdx.x, iteration = 0;; ++iteration) {
-        int q_phase;  // Q's barrier flips once a tile
         if constexpr (Traits::kWarpSpecialized) {
           pipeline_tile.consumer_wait(read_tile);
           t = smem.tile_index;
           pipeline_tile.consumer_release(read_tile);
-          q_phase = read_tile.phase();  // one slot: its phase flips every tile too
           ++read_tile;
         } else {
-          q_phase = iteration % 2;
           if (iteration > 0) {
-            // Every consumer is past the previous tile: Q's buffer is free.
+            // Every consumer is past the previous tile: the tile index's slot is free.
             cutlass::arch::NamedBarrier::sync(Traits::kNumConsumerThreads, uint32_t(Barrier::kTileStart));
             if (thread_idx < cutlass::NumThreadsPerWarp) {
               t = next_tile(params, t);
@@ -232,8 +260,8 @@ struct Kernel {
         if (t >= num_tiles) break;
         TileCoord const tile = scheduler.tile(t);
         BlockRange const range = range_of(tile);
-        typename MainloopT::template Loads<PipelineV> const loads{params.mainloop, smem, pipeline_k, pipeline_v,
-                                                                  write_k,         write_v, tile,    true};
+        typename MainloopT::template Loads<PipelineV> const loads{
+            params.mainloop, smem, pipeline_q, pipeline_k, pipeline_v, write_q, write_k, write_v, tile, true};
         if constexpr (!Traits::kWarpSpecialized) {
           if (thread_idx == 0) MainloopT::load_first_blocks(loads, range);
           __syncwarp();
@@ -244,18 +272,24 @@ struct Kernel {
             __syncwarp();
           }
         };
-        clear(tOrO);
         softmax.reset();
+        DeferredEpilogue<decltype(previous_epilogue)> deferred{previous_epilogue};
         float const o_descale = MainloopT::mma(params.mainloop, smem, pipeline_k, pipeline_v, read_k, read_v, tOrO,
-                                               softmax, tile, range, q_phase, thread_idx, load_ahead);
-        // Line 24: O / l and the LSE.
-        float o_scale[2], lse[2];
-        softmax.finalize(o_scale, lse);
+                                               softmax, tile, range, pipeline_q, read_q, thread_idx, load_ahead,
+                                               deferred);
+        ++read_q;
+        // Line 24: O / l and the LSE; line 25, the epilogue.
+        float o_scale[2];
+        softmax.finalize(o_scale, done_lse);
         o_scale[0] *= o_descale;
         o_scale[1] *= o_descale;
         rescale_rows(tOrO, o_scale);
-        EpilogueT::store(params.epilogue, smem, tOrO, lse, tile);
+        done_o = EpilogueT::convert(tOrO);
+        done_tile = tile;
+        have_done = true;
+        if constexpr (!Traits::kDeferEpilogue) store_done();
       }
+      store_done();
       EpilogueT::store_tail();
     }
   }

@@ -17,6 +17,25 @@
 
 namespace flash3::fwd {
 
+// What a consumer warpgroup does with the previous tile's O before this
+// tile's first PV GEMM, once: store it (FwdTraits::kDeferEpilogue), then
+// clear O. It runs right after the warpgroup has issued the tile's first
+// QK^T, so that the GEMM runs on the tensor cores meanwhile (run 101); on
+// entering the tile where it issues none (no key block for its rows), or
+// without the intra-warpgroup overlap. The deferred epilogue waits for no
+// other warpgroup, so the pingpong's offset between them survives it.
+template <class Fn>
+struct DeferredEpilogue {
+  Fn& fn;
+  bool pending = true;
+  CUTE_DEVICE void operator()() {
+    if (pending) {
+      pending = false;
+      fn();
+    }
+  }
+};
+
 template <class Traits>
 struct Mainloop {
   using Element = typename Traits::Element;
@@ -29,6 +48,8 @@ struct Mainloop {
   using SmemLayoutK = typename Traits::SmemLayoutK;
   using SmemLayoutV = typename Traits::SmemLayoutV;
   using SmemLayoutVt = typename Traits::SmemLayoutVt;
+  using PipelineQ = typename Traits::PipelineQ;
+  using QState = typename PipelineQ::PipelineState;
   using PipelineK = typename Traits::PipelineK;
   using PipelineV = typename Traits::PipelineV;
   using PipelineState = typename PipelineK::PipelineState;
@@ -36,7 +57,8 @@ struct Mainloop {
 
   using GmemShape = typename Traits::GmemShape;
   using GmemTensor = typename Traits::template GmemTensor<Element const>;
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{}, select<0, 2>(TileShapeQK{}), _1{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
+                                      select<0, 2>(TileShapeQK{}), _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
                                       select<1, 2>(TileShapeQK{}), _1{}));
   using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutV{}),
@@ -66,7 +88,7 @@ struct Mainloop {
   static Params make_params(GmemTensor const& q, GmemTensor const& k, GmemTensor const& v, int head_group,
                             int seqlen_q, int seqlen_k, int row_offset, float softmax_scale,
                             ScaleView q_scale = {}, ScaleView k_scale = {}, ScaleView v_scale = {}) {
-    return {make_tma_copy(SM90_TMA_LOAD{}, q, SmemLayoutQ{}, select<0, 2>(TileShapeQK{}), _1{}),
+    return {make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(SmemLayoutQ{}), select<0, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(SmemLayoutV{}), select<1, 2>(TileShapeQK{}), _1{}),
             q.shape(),
@@ -88,38 +110,48 @@ struct Mainloop {
   }
 
   // ---------------------------------------------------------------- producer
-  // The TMA loads of one tile: Q, and K_j or V_j into the next stage of
-  // their circular buffer (FP8: V into the buffer the transpose reads).
-  // `leader` is the one thread that issues the copies.
+  // The TMA loads of one tile: Q into the next of its buffers, and K_j or
+  // V_j into the next stage of their circular buffer (FP8: V into the buffer
+  // the transpose reads). `leader` is the one thread that issues the copies.
   template <class PipelineVLoad>
   struct Loads {
     Params const& p;
     SharedStorage& smem;
+    PipelineQ& pipeline_q;
     PipelineK& pipeline_k;
     PipelineVLoad& pipeline_v;
+    QState& write_q;
     PipelineState& write_k;
     PipelineState& write_v;
     TileCoord tile;
     bool leader;
     int head_kv;
 
-    CUTE_DEVICE Loads(Params const& p, SharedStorage& smem, PipelineK& pipeline_k, PipelineVLoad& pipeline_v,
-                      PipelineState& write_k, PipelineState& write_v, TileCoord tile, bool leader)
-        : p(p), smem(smem), pipeline_k(pipeline_k), pipeline_v(pipeline_v), write_k(write_k), write_v(write_v),
-          tile(tile), leader(leader), head_kv(tile.head / p.head_group) {}
+    CUTE_DEVICE Loads(Params const& p, SharedStorage& smem, PipelineQ& pipeline_q, PipelineK& pipeline_k,
+                      PipelineVLoad& pipeline_v, QState& write_q, PipelineState& write_k, PipelineState& write_v,
+                      TileCoord tile, bool leader)
+        : p(p), smem(smem), pipeline_q(pipeline_q), pipeline_k(pipeline_k), pipeline_v(pipeline_v),
+          write_q(write_q), write_k(write_k), write_v(write_v), tile(tile), leader(leader),
+          head_kv(tile.head / p.head_group) {}
 
+    // Waits for the buffer's last tile to be done with it (query_done).
+    // pipeline_q has no leader: its arrive is issued here, after FP8's Q
+    // descale is written, so that it publishes the descale with Q's bytes.
     CUTE_DEVICE void q() const {
-      if (!leader) return;
-      // Rows above the sequence (a causal launch's first tile) load as zeros.
-      Tensor mQ = domain_offset(make_coord(-p.row_offset, _0{}),
-                                p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, tile.batch));
-      Tensor gQ = local_tile(mQ, select<0, 2>(TileShapeQK{}), make_coord(tile.m_block, _0{}));
-      Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
-      auto tma = p.tma_q.get_slice(_0{});
-      // The barrier's arrive publishes Q's descale with Q's bytes.
-      if constexpr (Traits::kFp8) smem.q_descale = p.q_scale(tile.batch, tile.head, tile.m_block);
-      smem.barrier_q.arrive_and_expect_tx(kQBytes);
-      copy(p.tma_q.with(reinterpret_cast<uint64_t&>(smem.barrier_q)), tma.partition_S(gQ), tma.partition_D(sQ));
+      pipeline_q.producer_acquire(write_q);
+      if (leader) {
+        // Rows above the sequence (a causal launch's first tile) load as zeros.
+        Tensor mQ = domain_offset(make_coord(-p.row_offset, _0{}),
+                                  p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, tile.batch));
+        Tensor gQ = local_tile(mQ, select<0, 2>(TileShapeQK{}), make_coord(tile.m_block, _0{}));
+        Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
+        auto tma = p.tma_q.get_slice(_0{});
+        if constexpr (Traits::kFp8) smem.q_descale[write_q.index()] = p.q_scale(tile.batch, tile.head, tile.m_block);
+        auto* barrier = pipeline_q.producer_get_barrier(write_q);
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(barrier, kQBytes);
+        copy(p.tma_q.with(*barrier), tma.partition_S(gQ), tma.partition_D(sQ)(_, _, _, write_q.index()));
+      }
+      ++write_q;
     }
     CUTE_DEVICE void k(int n_block) const { block(p.tma_k, smem.k.data(), SmemLayoutK{}, pipeline_k, write_k, n_block); }
     CUTE_DEVICE void v(int n_block) const { block(p.tma_v, smem.v.data(), SmemLayoutV{}, pipeline_v, write_v, n_block); }
@@ -144,15 +176,11 @@ struct Mainloop {
   // blocks are walked from the last to the first so that the masked blocks
   // come first (the consumer does the same).
   template <class PipelineVLoad>
-  CUTE_DEVICE static void load(Loads<PipelineVLoad> const& loads, BlockRange range, int tile_iteration) {
+  CUTE_DEVICE static void load(Loads<PipelineVLoad> const& loads, BlockRange range) {
     int n_block = range.n_block_max - 1;
     // K of the first block does not depend on Q's buffer: start it before
     // waiting for the consumers to free Q.
     if (!range.empty()) loads.k(n_block);
-    if (tile_iteration > 0) {
-      cutlass::arch::NamedBarrier::sync(kNumConsumerThreads + cutlass::NumThreadsPerWarp,
-                                        uint32_t(Barrier::kQueryEmpty));
-    }
     loads.q();
     if (range.empty()) return;
     loads.v(n_block);
@@ -219,12 +247,14 @@ struct Mainloop {
   // key block n (the loads, without warp specialization). Returns the factor
   // O still needs besides 1 / l: FP8's V descale of the last block (O is
   // held in units of the descale of the block last added), else 1.
-  template <class FragO, class Softmax, class LoadAhead>
+  template <class FragO, class Softmax, class LoadAhead, class Epilogue>
   CUTE_DEVICE static float mma(Params const& p, SharedStorage& smem, PipelineK& pipeline_k,
                               PipelineV& pipeline_v, PipelineState& read_k, PipelineState& read_v,
                               FragO& tOrO, Softmax& softmax, TileCoord tile, BlockRange range,
-                              int q_phase, int thread_idx, LoadAhead&& load_ahead) {
+                              PipelineQ& pipeline_q, QState read_q, int thread_idx, LoadAhead&& load_ahead,
+                              DeferredEpilogue<Epilogue>& previous_epilogue) {
     int const warp_group = thread_idx / cutlass::NumThreadsPerWarpGroup;
+    if constexpr (!Traits::kIntraWGOverlap) previous_epilogue();
     if constexpr (Traits::kWarpSpecialized) {
       // The key blocks this warpgroup's own 64 rows see. A warpgroup whose
       // rows all lie outside the sequence (past seqlen_q in its last M-block,
@@ -241,10 +271,11 @@ struct Mainloop {
                                                    Traits::kCausal, p.row_offset);
       if (own.empty()) {
         // Q's load is still waited for: with every warpgroup idle (a tile
-        // whose rows all see no key) nothing else would, and the next
-        // tile's load, or the CTA's exit, could come while it is in flight.
-        smem.barrier_q.wait(q_phase);
-        idle(pipeline_k, pipeline_v, read_k, read_v, range, warp_group);
+        // whose rows all see no key) nothing else would, and the CTA could
+        // exit while it is in flight.
+        previous_epilogue();
+        pipeline_q.consumer_wait(read_q);
+        idle(pipeline_q, read_q, pipeline_k, pipeline_v, read_k, read_v, range, warp_group);
         return 1.f;
       }
       if constexpr (Traits::kCausal) {
@@ -260,7 +291,7 @@ struct Mainloop {
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(smem_vt(smem)), SmemLayoutVt{});
-    Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ);
+    Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K, stages)
     Tensor tSrK = thr_mma_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K, stages)
     Tensor tOrV = thr_mma_pv.partition_fragment_B(sVt);   // (MMA, MMA_N, MMA_K, stages)
 
@@ -296,7 +327,7 @@ struct Mainloop {
       BlockDescale d;
       if constexpr (Traits::kFp8) {
         int const i = kv_scale_offset + n * kBlockN / Traits::kScaleBlockN * int(p.k_scale.block_stride);
-        d.qk = smem.q_descale * p.k_scale.data[i];
+        d.qk = smem.q_descale[read_q.index()] * p.k_scale.data[i];
         d.v = p.v_scale.data[i];
       }
       return d;
@@ -319,15 +350,17 @@ struct Mainloop {
     Mask<Traits::kCausal, kBlockM, kBlockN, typename Traits::TiledMmaQK> const mask{p.seqlen_q, p.seqlen_k,
                                                                                     p.row_offset};
 
-    smem.barrier_q.wait(q_phase);
+    pipeline_q.consumer_wait(read_q);
     if (range.empty()) {
-      query_done();
+      previous_epilogue();
+      query_done(pipeline_q, read_q);
       return 1.f;
     }
 
     auto qk_gemm = [&](auto& acc_s) {
       pipeline_k.consumer_wait(read_k);
-      warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), acc_s);
+      warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_qk, tSrQ(_, _, _, read_q.index()), tSrK(_, _, _, read_k.index()),
+                                         acc_s);
     };
     auto pv_gemm = [&]() {
       pipeline_v.consumer_wait(read_v);
@@ -357,6 +390,7 @@ struct Mainloop {
       pingpong_wait_turn(warp_group);
       qk_gemm(tSrS);
       pingpong_pass_turn(warp_group);
+      previous_epilogue();
       warpgroup_wait<0>();
       release_k();
       if (n_block >= n_block_mask) {
@@ -393,7 +427,7 @@ struct Mainloop {
         for (; n_block >= n_block_mask; --n_block) iteration(n_block, cute::true_type{});
       }
       for (; n_block >= range.n_block_min; --n_block) iteration(n_block, cute::false_type{});
-      query_done();
+      query_done(pipeline_q, read_q);
       // Lines 18-19: the last O += P V.
       pingpong_wait_turn(warp_group);
       pv_gemm();
@@ -421,7 +455,7 @@ struct Mainloop {
       };
       for (; n_block >= n_block_mask; --n_block) iteration(n_block, cute::true_type{});
       for (; n_block >= range.n_block_min; --n_block) iteration(n_block, cute::false_type{});
-      query_done();
+      query_done(pipeline_q, read_q);
     }
     return v_descale;
   }
@@ -450,13 +484,13 @@ struct Mainloop {
   // A warpgroup with no key to attend to in this tile: its 64 query rows all
   // lie outside the sequence (at head dim 64, causal, seqlen 1024: two of the
   // first tile's three, above it), or see no key.
-  CUTE_DEVICE static void idle(PipelineK& pipeline_k, PipelineV& pipeline_v, PipelineState& read_k,
-                               PipelineState& read_v, BlockRange range, int warp_group) {
+  CUTE_DEVICE static void idle(PipelineQ& pipeline_q, QState read_q, PipelineK& pipeline_k, PipelineV& pipeline_v,
+                               PipelineState& read_k, PipelineState& read_v, BlockRange range, int warp_group) {
     int const blocks = range.n_block_max - range.n_block_min;
     pass_blocks(pipeline_k, pipeline_v, read_k, read_v, blocks, warp_group);
     // Algorithm 2's last turn: the last PV.
     if (Traits::kIntraWGOverlap && blocks > 0) pingpong_take_turn(warp_group);
-    query_done();
+    query_done(pipeline_q, read_q);
   }
 
   CUTE_DEVICE static Element* smem_vt(SharedStorage& smem) {
@@ -467,14 +501,8 @@ struct Mainloop {
     }
   }
 
-  // Q's buffer is free once this thread's last QK^T has completed (without
-  // a producer, the next tile's start says so).
-  CUTE_DEVICE static void query_done() {
-    if constexpr (Traits::kWarpSpecialized) {
-      cutlass::arch::NamedBarrier::arrive(kNumConsumerThreads + cutlass::NumThreadsPerWarp,
-                                          uint32_t(Barrier::kQueryEmpty));
-    }
-  }
+  // Q's buffer is free once this thread's last QK^T has completed.
+  CUTE_DEVICE static void query_done(PipelineQ& pipeline_q, QState read_q) { pipeline_q.consumer_release(read_q); }
 };
 
 }  // namespace flash3::fwd

@@ -45,6 +45,12 @@ struct FwdTraits {
   static constexpr int kStages = kTile.stages;
 
   static constexpr int kNumConsumerWarpGroups = kBlockM / 64;
+  // Each warpgroup's epilogue deferred into the next tile, under its first
+  // QK^T (Kernel, DeferredEpilogue), with a store of its own rows, and Q in
+  // two buffers where they fit: +2-6% at seqlen 512-2k for the kernels of
+  // three warpgroups (head dim 64), none beyond noise (-1 to +2%) for those of
+  // two, which keep one joined store of the whole tile (run 101).
+  static constexpr bool kDeferEpilogue = kNumConsumerWarpGroups == 3;
   static constexpr int kNumConsumerThreads = kNumConsumerWarpGroups * 128;
   static constexpr int kFirstConsumerThread = kWarpSpecialized ? 128 : 0;  // after the producer warpgroup
   static constexpr int kNumThreads = kFirstConsumerThread + kNumConsumerThreads;
@@ -99,9 +105,19 @@ struct FwdTraits {
       AtomLayout{}));
   using TiledMmaPV = TiledMmaPVOver<Int<kHeadDim>>;
 
+  static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr int kOBytes = kBlockM * kHeadDim * sizeof(ElementO);
+  static constexpr int kKVBytes = kStages * kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kSmemLimit = 227 * 1024;
+  // Q's buffers. With one, the next tile's Q loads once this tile's last
+  // QK^T is done, and with the epilogue deferred nothing stands between that
+  // and the next tile's first QK^T: two let it load during this tile (16-bit;
+  // FP8's Q descale measured no gain from them).
+  static constexpr int kQStages =
+      kDeferEpilogue && !kFp8 && 2 * kQBytes + kOBytes + 2 * kKVBytes + 1024 <= kSmemLimit ? 2 : 1;
   using SmemLayoutQ = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>(),
-      Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+      Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
   using SmemLayoutK = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>(),
       Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
@@ -118,17 +134,13 @@ struct FwdTraits {
       decltype(composition(SmemLayoutVt{}, make_layout(Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{},
                                                        Stride<Int<kHeadDim>, _1, Int<kHeadDim * kBlockN>>{})))>;
 
-  static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr int kOBytes = kBlockM * kHeadDim * sizeof(ElementO);
-  static constexpr int kKVBytes = kStages * kBlockN * kHeadDim * sizeof(Element);
-  static constexpr int kSmemLimit = 227 * 1024;
   // O leaves through its own shared-memory buffer and TMA stores, so that Q's
   // buffer is free once the tile's last QK^T is done and the next tile's Q
   // loads under the last PV GEMM and the epilogue. Where a whole O tile does
   // not fit beside Q and the K/V stages (16-bit head dims 192 and 256, FP8
   // 256), the buffer holds half of O's columns and the halves go out one
   // after the other.
-  static constexpr int kOChunks = kQBytes + kOBytes + (kFp8 ? 3 : 2) * kKVBytes + 1024 <= kSmemLimit ? 1 : 2;
+  static constexpr int kOChunks = kQStages * kQBytes + kOBytes + (kFp8 ? 3 : 2) * kKVBytes + 1024 <= kSmemLimit ? 1 : 2;
   using OChunkWidth = Int<kHeadDim / kOChunks>;
   using TileShapeOChunk = Shape<Int<kBlockM>, OChunkWidth>;
   // Where a sequence's partial tile holds only one of three warpgroups'
@@ -137,10 +149,16 @@ struct FwdTraits {
   // above the sequence by whole warpgroups (block_range; launch_forward).
   // Not FP8, whose Q scale blocks are the tiles.
   static constexpr bool kPartialTileFirst = kCausal && !kFp8 && kNumConsumerWarpGroups == 3;
-  // O leaves by TMA stores of this shape: with kPartialTileFirst one per
-  // warpgroup's 64 rows (a TMA store may not start at a negative row: it
-  // traps), each a block of its own in the buffer; else the whole tile.
-  static constexpr int kOStoreRows = kPartialTileFirst ? 64 : kBlockM;
+  // O leaves by TMA stores of this shape. With the deferred epilogue each
+  // consumer warpgroup stores its own 64 rows from a block of its own in the
+  // buffer, waiting for no other warpgroup, and rows above the sequence
+  // (kPartialTileFirst) are left out by whole stores (a TMA store may not
+  // start at a negative row: it traps). Otherwise the warpgroups join and
+  // one store takes the whole tile: at head dims above 64 a store per
+  // warpgroup doubles the stores, as O's rows span two 64-column swizzle
+  // atoms (run 78: -2-3% at head dim 128).
+  static constexpr int kOStoreRows = kDeferEpilogue ? 64 : kBlockM;
+  static_assert(kDeferEpilogue || !kPartialTileFirst);
   using TileShapeOStore = Shape<Int<kOStoreRows>, OChunkWidth>;
   using SmemLayoutOStore = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, ElementO, Int<kOStoreRows>, OChunkWidth>(),
@@ -161,6 +179,7 @@ struct FwdTraits {
   static_assert(kColumnGroupsOutermost<Int<kHeadDim>> && kColumnGroupsOutermost<OChunkWidth>,
                 "O's chunks are not contiguous slices of a thread's O fragment");
 
+  using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
   using PipelineK = cutlass::PipelineTmaAsync<kStages>;
   // What the consumers wait on for V: its TMA load (BF16), or its transpose
   // (FP8), which in turn waits on the TMA load through PipelineVLoad.
@@ -177,23 +196,23 @@ struct FwdTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     ArrayV v;                                  // V as the TMA loads it
     std::conditional_t<kFp8, ArrayV, None> vt;  // FP8: V^T, as the PV GEMM reads it
+    typename PipelineQ::SharedStorage pipeline_q;
     typename PipelineK::SharedStorage pipeline_k;
     typename PipelineV::SharedStorage pipeline_v;
     std::conditional_t<kFp8, typename PipelineVLoad::SharedStorage, None> pipeline_v_load;
     typename PipelineTile::SharedStorage pipeline_tile;
-    cutlass::arch::ClusterTransactionBarrier barrier_q;
     int tile_index;  // the one slot of pipeline_tile
-    std::conditional_t<kFp8, float, None> q_descale;  // FP8: Q's descale, published with Q by barrier_q
+    std::conditional_t<kFp8, float[kQStages], None> q_descale;  // FP8: Q's descale, published with Q by pipeline_q
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit, "tile sizes overflow shared memory");
 };
 
 // Named barriers (ids after CUTLASS's reserved ones).
 enum class Barrier : uint32_t {
-  kQueryEmpty = 0,   // consumers (each after its last QK^T) -> producer: Q's buffer may be overwritten
-  kEpilogue = 1,     // consumers: O is in shared memory / its buffer is free
-  kPingpongWG0 = 2,  // consumer warpgroup w waits on kPingpongWG0 + w for its turn to issue GEMMs
-  kTileStart = 5,    // without a producer: consumers past the previous tile / the next tile's index written
+  kEpilogueWG0 = 0,  // O is in shared memory / its buffer is free: warpgroup w's rows on kEpilogueWG0 + w
+                     // with the deferred epilogue, else the whole tile's on kEpilogueWG0
+  kPingpongWG0 = 3,  // consumer warpgroup w waits on kPingpongWG0 + w for its turn to issue GEMMs
+  kTileStart = 6,    // without a producer: consumers past the previous tile / the next tile's index written
 };
 
 }  // namespace flash3::fwd
