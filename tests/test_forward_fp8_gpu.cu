@@ -287,6 +287,8 @@ TEST(ForwardFp8, AccuracyWithOutliers) {
   std::vector<float> h_ref(n);
   CUDA_OK(cudaMemcpy(h_ref.data(), ref.ptr, n * 4, cudaMemcpyDeviceToHost));
 
+  // A build narrowed to other dtypes has no e4m3 kernel: the test skips.
+  std::string not_built;
   auto rmse = [&](ScaleGranularity g, bool hadamard) {
     flash3::QuantizeArgs qa;
     qa.batch = batch;
@@ -315,6 +317,10 @@ TEST(ForwardFp8, AccuracyWithOutliers) {
     f.fp8 = {g, q_scale.ptr, k_scale.ptr, v_scale.ptr, DType::kBF16};
     EXPECT_EQ(cudaMemset(o.ptr, 0xff, n * 2), cudaSuccess);
     s = flash3::forward(f, nullptr);
+    if (s.code() == flash3::Status::Code::kUnsupported) {
+      not_built = s.message();
+      return 0.0;
+    }
     EXPECT_TRUE(s.ok()) << s.message();
     std::vector<uint16_t> h_o(n);
     EXPECT_EQ(cudaMemcpy(h_o.data(), o.ptr, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -326,6 +332,7 @@ TEST(ForwardFp8, AccuracyWithOutliers) {
     return std::sqrt(sum / double(n));
   };
   double const per_tensor = rmse(ScaleGranularity::kPerTensor, false);
+  if (!not_built.empty()) GTEST_SKIP() << not_built;
   double const block_hadamard = rmse(ScaleGranularity::kPerBlock, true);
   std::printf("RMSE of O: per-tensor %.3e, per-block + Hadamard %.3e (%.2fx lower)\n", per_tensor, block_hadamard,
               per_tensor / block_hadamard);
