@@ -111,8 +111,9 @@ struct FwdTraits {
   static constexpr int kSmemLimit = 227 * 1024;
   // Q's buffers. With one, the next tile's Q loads once this tile's last
   // QK^T is done, and with the epilogue deferred nothing stands between that
-  // and the next tile's first QK^T: two let it load during this tile (16-bit;
-  // FP8's Q descale measured no gain from them).
+  // and the next tile's first QK^T: two let it load during this tile. 16-bit
+  // only: FP8's kernel of three warpgroups (160 registers) was not measured
+  // with two; in run 59 the Q pipeline's state alone cost it 1-2%.
   static constexpr int kQStages =
       kDeferEpilogue && !kFp8 && 2 * kQBytes + kOBytes + 2 * kKVBytes + 1024 <= kSmemLimit ? 2 : 1;
   using SmemLayoutQ = decltype(tile_to_shape(
