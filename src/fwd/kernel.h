@@ -56,11 +56,19 @@ struct Kernel {
   // hand out the tiles past the first wave, and each CTA stops after one claim
   // more. The last claim is therefore num_tiles - 1; it zeroes the counter,
   // so the next launch on the stream needs no memset (run 72).
-  CUTE_DEVICE static int next_tile(Params const& params, int tile) {
+  //
+  // The producer claims (claim_issue) before waiting for the stage of its
+  // tile's last block, which it would wait for anyway, so that the atomic's
+  // round trip to L2 (~1k cycles) passes meanwhile; the claim's result is
+  // used (next_tile) once that block is loaded (Mainloop::load, run 103).
+  CUTE_DEVICE static int claim_issue(Params const& params) {
+    bool const issues = params.tile_counter != nullptr && threadIdx.x % cutlass::NumThreadsPerWarp == 0;
+    return issues ? atomicAdd(params.tile_counter, 1) : 0;
+  }
+  CUTE_DEVICE static int next_tile(Params const& params, int tile, int claim) {
     if (params.tile_counter == nullptr) return tile + gridDim.x;
     int next = 0;
     if (threadIdx.x % cutlass::NumThreadsPerWarp == 0) {
-      int const claim = atomicAdd(params.tile_counter, 1);
       if (claim == params.scheduler.num_tiles() - 1) atomicExch(params.tile_counter, 0);
       next = claim + gridDim.x;
     }
@@ -162,10 +170,11 @@ struct Kernel {
         for (;;) {
           pipeline_tile.consumer_wait(read_tile);
           int const t = smem.tile_index;
+          TileCoord const tile = smem.tile;
           pipeline_tile.consumer_release(read_tile);
           ++read_tile;
           if (t >= num_tiles) break;
-          BlockRange const range = range_of(scheduler.tile(t));
+          BlockRange const range = range_of(tile);
           for (uint32_t const end = step + max(range.n_block_max - range.n_block_min, 0); step != end; ++step) {
             uint32_t const index = step % Traits::kStages, phase = (step / Traits::kStages) & 1;
             PipelineState const read_v(index, phase, 0), write_v(index, phase ^ 1, 0);
@@ -187,25 +196,46 @@ struct Kernel {
       PipelineState write_k = cutlass::make_producer_start_state<PipelineK>();
       PipelineState write_v = cutlass::make_producer_start_state<PipelineV>();
       auto write_tile = cutlass::make_producer_start_state<PipelineTile>();
-      for (int t = blockIdx.x;; t = next_tile(params, t)) {
+      // V's TMA loads feed FP8's transposers, else the consumers.
+      auto& pipeline_v_tma = *[&] {
+        if constexpr (Traits::kFp8) {
+          return &pipeline_v_load;
+        } else {
+          return &pipeline_v;
+        }
+      }();
+      using Loads = typename MainloopT::template Loads<std::remove_reference_t<decltype(pipeline_v_tma)>>;
+      auto loads_of = [&](TileCoord tile) {
+        return Loads{params.mainloop, smem, pipeline_q, pipeline_k, pipeline_v_tma, write_q, write_k, write_v,
+                     tile, lane_leader};
+      };
+      // With two Q buffers each tile's Q is loaded during the tile before
+      // (MainloopT::load's ahead), the first tile's here.
+      int t = blockIdx.x;
+      TileCoord tile = t < num_tiles ? scheduler.tile(t) : TileCoord{};
+      if (Traits::kQStages > 1 && t < num_tiles) loads_of(tile).q();
+      for (;;) {
         pipeline_tile.producer_acquire(write_tile);
-        if (lane_leader) smem.tile_index = t;
+        if (lane_leader) {
+          smem.tile_index = t;
+          smem.tile = tile;
+        }
         pipeline_tile.producer_commit(write_tile);
         ++write_tile;
         if (t >= num_tiles) break;
-        TileCoord const tile = scheduler.tile(t);
-        // V's TMA loads feed FP8's transposers, else the consumers.
-        auto load_tile = [&](auto& pipeline_v_tma) {
-          using Loads = typename MainloopT::template Loads<std::remove_reference_t<decltype(pipeline_v_tma)>>;
-          MainloopT::load(Loads{params.mainloop, smem, pipeline_q, pipeline_k, pipeline_v_tma, write_q, write_k,
-                                write_v, tile, lane_leader},
-                          range_of(tile));
-        };
-        if constexpr (Traits::kFp8) {
-          load_tile(pipeline_v_load);
-        } else {
-          load_tile(pipeline_v);
-        }
+        int claim = 0, next = num_tiles;
+        TileCoord next_tile_coord{};
+        MainloopT::load(
+            loads_of(tile), range_of(tile), [&] { claim = claim_issue(params); },
+            [&] {
+              next = next_tile(params, t, claim);
+              if (next < num_tiles) {
+                next_tile_coord = scheduler.tile(next);
+                if constexpr (Traits::kQStages > 1) loads_of(next_tile_coord).q();
+              }
+            });
+        t = next;
+        tile = next_tile_coord;
       }
     } else {
       // Consumers (lines 11-26).
@@ -240,9 +270,11 @@ struct Kernel {
       MainloopT::pingpong_start(consumer_group);
       typename PipelineTile::PipelineState read_tile;
       for (int t = blockIdx.x, iteration = 0;; ++iteration) {
+        TileCoord tile;
         if constexpr (Traits::kWarpSpecialized) {
           pipeline_tile.consumer_wait(read_tile);
           t = smem.tile_index;
+          tile = smem.tile;
           pipeline_tile.consumer_release(read_tile);
           ++read_tile;
         } else {
@@ -250,15 +282,15 @@ struct Kernel {
             // Every consumer is past the previous tile: the tile index's slot is free.
             cutlass::arch::NamedBarrier::sync(Traits::kNumConsumerThreads, uint32_t(Barrier::kTileStart));
             if (thread_idx < cutlass::NumThreadsPerWarp) {
-              t = next_tile(params, t);
+              t = next_tile(params, t, claim_issue(params));
               if (thread_idx == 0) smem.tile_index = t;
             }
             cutlass::arch::NamedBarrier::sync(Traits::kNumConsumerThreads, uint32_t(Barrier::kTileStart));
             t = smem.tile_index;
           }
+          if (t < num_tiles) tile = scheduler.tile(t);
         }
         if (t >= num_tiles) break;
-        TileCoord const tile = scheduler.tile(t);
         BlockRange const range = range_of(tile);
         typename MainloopT::template Loads<PipelineV> const loads{
             params.mainloop, smem, pipeline_q, pipeline_k, pipeline_v, write_q, write_k, write_v, tile, true};

@@ -175,19 +175,32 @@ struct Mainloop {
   // Algorithm 1, lines 4-10, run by one warp of the producer warpgroup. Key
   // blocks are walked from the last to the first so that the masked blocks
   // come first (the consumer does the same).
-  template <class PipelineVLoad>
-  CUTE_DEVICE static void load(Loads<PipelineVLoad> const& loads, BlockRange range) {
-    int n_block = range.n_block_max - 1;
-    // K of the first block does not depend on Q's buffer: start it before
-    // waiting for the consumers to free Q.
-    if (!range.empty()) loads.k(n_block);
-    loads.q();
-    if (range.empty()) return;
-    loads.v(n_block);
-    for (--n_block; n_block >= range.n_block_min; --n_block) {
-      loads.k(n_block);
-      loads.v(n_block);
+  //
+  // The kernel's next tile is claimed in two steps: claim() before the wait
+  // for the stage of the tile's last block, ahead() after that block's
+  // loads, which takes the claim's result and, with two Q buffers, loads
+  // the next tile's Q. That is about kStages blocks and an epilogue before
+  // the consumers need it, room for Q's DRAM latency; issued after the
+  // claim's round trip and the next tile's first K, Q's load stood between
+  // the two tiles (run 103). A claim much earlier breaks the longest-first
+  // balance of causal tiles (claimed at a tile's start: hdim 256 causal -3
+  // to -11%), and ahead() before the last block's loads delayed them.
+  template <class PipelineVLoad, class Claim, class Ahead>
+  CUTE_DEVICE static void load(Loads<PipelineVLoad> const& loads, BlockRange range, Claim&& claim, Ahead&& ahead) {
+    int const first = range.n_block_max - 1;
+    if constexpr (Traits::kQStages == 1) {
+      // K of the first block does not depend on Q's buffer: start it before
+      // waiting for the consumers to free Q.
+      if (!range.empty()) loads.k(first);
+      loads.q();
     }
+    if (first <= range.n_block_min) claim();  // one block or none
+    for (int n_block = first; n_block >= range.n_block_min; --n_block) {
+      if (Traits::kQStages > 1 || n_block != first) loads.k(n_block);
+      loads.v(n_block);
+      if (n_block == range.n_block_min + 1) claim();
+    }
+    ahead();
   }
 
   // Without warp specialization one consumer thread issues the same loads:

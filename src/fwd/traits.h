@@ -8,6 +8,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "common/registers.h"
+#include "common/tile_scheduler.h"
 #include "fwd/tile_size.h"
 
 namespace flash3::fwd {
@@ -45,12 +46,6 @@ struct FwdTraits {
   static constexpr int kStages = kTile.stages;
 
   static constexpr int kNumConsumerWarpGroups = kBlockM / 64;
-  // Each warpgroup's epilogue deferred into the next tile, under its first
-  // QK^T (Kernel, DeferredEpilogue), with a store of its own rows, and Q in
-  // two buffers where they fit: +2-6% at seqlen 512-2k for the kernels of
-  // three warpgroups (head dim 64), none beyond noise (-1 to +2%) for those of
-  // two, which keep one joined store of the whole tile (run 101).
-  static constexpr bool kDeferEpilogue = kNumConsumerWarpGroups == 3;
   static constexpr int kNumConsumerThreads = kNumConsumerWarpGroups * 128;
   static constexpr int kFirstConsumerThread = kWarpSpecialized ? 128 : 0;  // after the producer warpgroup
   static constexpr int kNumThreads = kFirstConsumerThread + kNumConsumerThreads;
@@ -110,12 +105,19 @@ struct FwdTraits {
   static constexpr int kKVBytes = kStages * kBlockN * kHeadDim * sizeof(Element);
   static constexpr int kSmemLimit = 227 * 1024;
   // Q's buffers. With one, the next tile's Q loads once this tile's last
-  // QK^T is done, and with the epilogue deferred nothing stands between that
-  // and the next tile's first QK^T: two let it load during this tile. 16-bit
-  // only: FP8's kernel of three warpgroups (160 registers) was not measured
-  // with two; in run 59 the Q pipeline's state alone cost it 1-2%.
-  static constexpr int kQStages =
-      kDeferEpilogue && !kFp8 && 2 * kQBytes + kOBytes + 2 * kKVBytes + 1024 <= kSmemLimit ? 2 : 1;
+  // QK^T is done, and its DRAM latency stands between the two tiles; two let
+  // it load during this tile (Mainloop::load). 16-bit only: FP8's kernel of
+  // three warpgroups (160 registers) was not measured with two; in run 59 the
+  // Q pipeline's state alone cost it 1-2%.
+  static constexpr int kQStages = !kFp8 && 2 * kQBytes + kOBytes + 2 * kKVBytes + 1024 <= kSmemLimit ? 2 : 1;
+  // Each warpgroup's epilogue deferred into the next tile, under its first
+  // QK^T (Kernel, DeferredEpilogue), with a store of its own rows: where the
+  // next tile's Q is there by then (two buffers), and in the kernels of three
+  // warpgroups. +2-6% at seqlen 512-2k with three warpgroups (run 101); with
+  // two (head dims 96 and 128), once the next tile's Q loads during this one,
+  // +2-5% at 512-2k and -1.4% at 8k without the mask (run 103). The others
+  // keep one joined store of the whole tile.
+  static constexpr bool kDeferEpilogue = kNumConsumerWarpGroups == 3 || kQStages == 2;
   using SmemLayoutQ = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>(),
       Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
@@ -202,7 +204,11 @@ struct FwdTraits {
     typename PipelineV::SharedStorage pipeline_v;
     std::conditional_t<kFp8, typename PipelineVLoad::SharedStorage, None> pipeline_v_load;
     typename PipelineTile::SharedStorage pipeline_tile;
-    int tile_index;  // the one slot of pipeline_tile
+    // The one slot of pipeline_tile: the next tile's index and coordinates,
+    // the latter computed once, by whoever claimed the tile (the scheduler's
+    // divisions cost the consumers ~600 cycles at each tile's start, run 103).
+    int tile_index;
+    TileCoord tile;
     std::conditional_t<kFp8, float[kQStages], None> q_descale;  // FP8: Q's descale, published with Q by pipeline_q
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit, "tile sizes overflow shared memory");
