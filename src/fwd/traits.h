@@ -205,8 +205,9 @@ struct FwdTraits {
     std::conditional_t<kFp8, typename PipelineVLoad::SharedStorage, None> pipeline_v_load;
     typename PipelineTile::SharedStorage pipeline_tile;
     // The one slot of pipeline_tile: the next tile's index and coordinates,
-    // the latter computed once, by whoever claimed the tile (the scheduler's
-    // divisions cost the consumers ~600 cycles at each tile's start, run 103).
+    // the latter computed once, by the producer (the scheduler's divisions
+    // cost the consumers ~600 cycles at each tile's start, run 103). Without
+    // a producer (the ablation) the consumers compute them.
     int tile_index;
     TileCoord tile;
     std::conditional_t<kFp8, float[kQStages], None> q_descale;  // FP8: Q's descale, published with Q by pipeline_q
