@@ -115,8 +115,8 @@ struct FwdTraits {
   // next tile's Q is there by then (two buffers), and in the kernels of three
   // warpgroups. +2-6% at seqlen 512-2k with three warpgroups (run 101); with
   // two (head dims 96 and 128), once the next tile's Q loads during this one,
-  // +2-5% at 512-2k and -1.4% at 8k without the mask (run 103). The others
-  // keep one joined store of the whole tile.
+  // +2-5% at 512-2k, and at 8k ahead of one Q buffer without the deferral
+  // (runs 103-104). The others keep one joined store of the whole tile.
   static constexpr bool kDeferEpilogue = kNumConsumerWarpGroups == 3 || kQStages == 2;
   using SmemLayoutQ = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>(),
