@@ -159,7 +159,8 @@ struct FwdTraits {
   // start at a negative row: it traps). Otherwise the warpgroups join and
   // one store takes the whole tile: at head dims above 64 a store per
   // warpgroup doubles the stores, as O's rows span two 64-column swizzle
-  // atoms (run 78: -2-3% at head dim 128).
+  // atoms (run 78: -2-3% at head dim 128 without the deferral; with it,
+  // since run 103, the deferral pays for them there).
   static constexpr int kOStoreRows = kDeferEpilogue ? 64 : kBlockM;
   static_assert(kDeferEpilogue || !kPartialTileFirst);
   using TileShapeOStore = Shape<Int<kOStoreRows>, OChunkWidth>;
