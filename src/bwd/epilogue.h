@@ -100,12 +100,15 @@ struct Epilogue {
     }
     Tensor sdK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutdKV{});
     Tensor sdV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutdKV{});
-    auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::TiledMmadKV{});
+    // The same buffers viewed as the accumulators' (rows, columns).
+    Tensor sdKacc = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutdKVAcc{});
+    Tensor sdVacc = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutdKVAcc{});
+    auto r2s = make_tiled_copy_C(Copy_Atom<typename Traits::StoreAtomdKV, Element>{}, typename Traits::TiledMmadKV{});
     auto thr_r2s = r2s.get_thread_slice(thread_idx);
     // K and V are free once both warpgroups' last GEMMs have read them.
     cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
-    copy(r2s, thr_r2s.retile_S(convert_fragment<Element>(tdKrdK)), thr_r2s.partition_D(sdK));
-    copy(r2s, thr_r2s.retile_S(convert_fragment<Element>(tdVrdV)), thr_r2s.partition_D(sdV));
+    copy(r2s, thr_r2s.retile_S(convert_fragment<Element>(tdKrdK)), thr_r2s.partition_D(sdKacc));
+    copy(r2s, thr_r2s.retile_S(convert_fragment<Element>(tdVrdV)), thr_r2s.partition_D(sdVacc));
     cutlass::arch::fence_view_async_shared();  // stmatrix (generic proxy), then TMA (async proxy)
     cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
     if (thread_idx == 0) {
@@ -124,21 +127,28 @@ struct Epilogue {
   }
 
  private:
-  // Accumulator elements 2i and 2i+1 are adjacent columns of one row.
+  // Accumulator elements 2i and 2i+1 are adjacent columns of one row: two
+  // columns of d, or with the queries on the GEMMs' rows, two keys.
   template <class Frag>
   CUTE_DEVICE static void store_fp32(Params const& p, Frag const& tdKrdK, Frag const& tdVrdV, int n_block, int head,
                                      int batch, int thread_idx) {
     Tensor coords = typename Traits::TiledMmadKV{}.get_thread_slice(thread_idx).partition_C(
-        make_identity_tensor(select<0, 1>(typename Traits::TileShapedKV{})));
+        keys_first_identity<Traits>(select<0, 1>(typename Traits::TileShapedKV{})));  // (key, column)
     int const key0 = n_block * kBlockN;
     int64_t const base = (int64_t(batch) * p.num_heads_q + head) * p.seqlen_k;
+    constexpr int kRun = Traits::kQueriesOnRows ? 1 : 2;  // adjacent columns of d per store
     CUTE_UNROLL
-    for (int i = 0; i < size(tdKrdK); i += 2) {
+    for (int i = 0; i < size(tdKrdK); i += kRun) {
       int const key = key0 + get<0>(coords(i));
       if (key >= p.seqlen_k) continue;
       int64_t const at = (base + key) * kHeadDim + get<1>(coords(i));
-      *reinterpret_cast<float2*>(p.dk_accum + at) = make_float2(tdKrdK(i), tdKrdK(i + 1));
-      *reinterpret_cast<float2*>(p.dv_accum + at) = make_float2(tdVrdV(i), tdVrdV(i + 1));
+      if constexpr (kRun == 2) {
+        *reinterpret_cast<float2*>(p.dk_accum + at) = make_float2(tdKrdK(i), tdKrdK(i + 1));
+        *reinterpret_cast<float2*>(p.dv_accum + at) = make_float2(tdVrdV(i), tdVrdV(i + 1));
+      } else {
+        p.dk_accum[at] = tdKrdK(i);
+        p.dv_accum[at] = tdVrdV(i);
+      }
     }
   }
 };

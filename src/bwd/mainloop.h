@@ -216,6 +216,26 @@ struct Mainloop {
   }
 
   // --------------------------------------------------------------- consumer
+  // The keys' operand of S (S^T), dP, dK and dV is the GEMM's A (the keys are
+  // the accumulator's rows) unless the queries are the rows (bwd/traits.h);
+  // the other operand (Q_i, dO_i, or their transposes) is then A.
+  template <class ThrMma, class SmemTensor>
+  CUTE_DEVICE static auto keys_operand(ThrMma const& thr_mma, SmemTensor const& s) {
+    if constexpr (Traits::kQueriesOnRows) return thr_mma.partition_fragment_B(s);
+    else return thr_mma.partition_fragment_A(s);
+  }
+  template <class ThrMma, class SmemTensor>
+  CUTE_DEVICE static auto other_operand(ThrMma const& thr_mma, SmemTensor const& s) {
+    if constexpr (Traits::kQueriesOnRows) return thr_mma.partition_fragment_A(s);
+    else return thr_mma.partition_fragment_B(s);
+  }
+  template <bool kZeroInit, class TiledMma, class TensorKeys, class TensorOther, class TensorC>
+  CUTE_DEVICE static void keys_gemm(TiledMma& tiled_mma, TensorKeys const& keys, TensorOther const& other,
+                                    TensorC& c) {
+    if constexpr (Traits::kQueriesOnRows) warpgroup_gemm<kZeroInit>(tiled_mma, other, keys, c);
+    else warpgroup_gemm<kZeroInit>(tiled_mma, keys, other, c);
+  }
+
   // Algorithm 3, lines 7-15 for every query block, dK_j and dV_j accumulated
   // in registers. thread_idx counts the consumer threads from 0.
   template <class FragdKV>
@@ -241,24 +261,28 @@ struct Mainloop {
     Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutdSt{});
     Tensor sPt = make_tensor(make_smem_ptr(smem.p.data()), typename Traits::SmemLayoutdSt{});
 
-    Tensor tSrK = thr_mma_sdp.partition_fragment_A(sK);
-    Tensor tSrQ = thr_mma_sdp.partition_fragment_B(sQ);    // (MMA, MMA_N, MMA_K, stages)
-    Tensor tdPrV = thr_mma_sdp.partition_fragment_A(sV);
-    Tensor tdPrdO = thr_mma_sdp.partition_fragment_B(sdO);
-    Tensor tdVrdO = thr_mma_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stages)
-    Tensor tdKrQ = thr_mma_dkv.partition_fragment_B(sQt);
-    Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);    // (MMA, MMA_M, MMA_K, buffers)
-    Tensor tdQrK = thr_mma_dq.partition_fragment_B(sKt);
-    // P^T and dS^T to shared memory with stmatrix: the query mode (the
-    // accumulator's columns) is contiguous in sdSt and sPt.
-    auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_sdp);
+    Tensor tSrK = keys_operand(thr_mma_sdp, sK);
+    Tensor tSrQ = other_operand(thr_mma_sdp, sQ);  // (MMA, MMA_M or MMA_N, MMA_K, stages)
+    Tensor tdPrV = keys_operand(thr_mma_sdp, sV);
+    Tensor tdPrdO = other_operand(thr_mma_sdp, sdO);
+    Tensor tdVrdO = other_operand(thr_mma_dkv, sdOt);
+    Tensor tdKrQ = other_operand(thr_mma_dkv, sQt);
+    Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_K, buffers)
+    // K^T in the dQ GEMM's column parts: (MMA, MMA_N, MMA_K, parts).
+    using DqPartShape = Shape<typename Traits::M, Int<kHeadDim / Traits::kdQParts>>;
+    Tensor tdQrK = thr_mma_dq.partition_fragment_B(
+        local_tile(sKt, Shape<Int<kHeadDim / Traits::kdQParts>, typename Traits::N>{}, make_coord(_, _0{})));
+    // P and dS to shared memory with stmatrix (the query mode is contiguous).
+    auto r2s = make_tiled_copy_C(Copy_Atom<typename Traits::StoreAtomPdS, Element>{}, tiled_mma_sdp);
     auto thr_r2s = r2s.get_thread_slice(thread_idx);
-    Tensor tdSsdS = thr_r2s.partition_D(sdSt);  // (R2S, R2S_N, R2S_M, buffers)
-    Tensor tPsP = thr_r2s.partition_D(sPt);
+    Tensor tdSsdS = thr_r2s.partition_D(
+        make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutPdSAcc{}));  // (R2S, .., .., buffers)
+    Tensor tPsP = thr_r2s.partition_D(make_tensor(make_smem_ptr(smem.p.data()), typename Traits::SmemLayoutPdSAcc{}));
 
-    // Each S^T element's (key, query) within the tile, for the mask and to
-    // find the query's LSE and D.
-    Tensor coords = thr_mma_sdp.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeSdP{})));
+    // Each S (S^T) element's (key, query) within the tile, for the mask and
+    // to find the query's LSE and D.
+    Tensor coords =
+        thr_mma_sdp.partition_C(keys_first_identity<Traits>(select<0, 1>(typename Traits::TileShapeSdP{})));
     Mask<Traits::kCausal, kBlockM, kBlockN> const mask{p.seqlen_q, p.seqlen_k};
     bool const last_partial = (n_block + 1) * kBlockN > p.seqlen_k;
 
@@ -267,6 +291,37 @@ struct Mainloop {
     auto write_dq = cutlass::make_producer_start_state<PipelinedQ>();
     smem.barrier_kv.wait(0);
     int buffer = 0;
+    // Part `part` of dQ_i's registers (bwd/traits.h, kdQParts) out: added to
+    // the global accumulator, or through shared memory for the dq_writer,
+    // chunk by chunk, each once it has read the last.
+    auto add_dq = [&](auto const& acc, int part, int m_block, PipelinedQState& write) {
+      constexpr int kRegisters = decltype(size(acc))::value;
+      int const first = part * kRegisters;
+      if (consumers_add_dq(p)) {
+        float* dq = p.dq_accum + int64_t(row_tile(p, batch, head, m_block)) * Traits::kdQElements;
+        CUTE_UNROLL
+        for (int i = 0; i < kRegisters; i += 4) {
+          atomicAdd(reinterpret_cast<float4*>(dq + fragment_offset(thread_idx, first + i, kNumConsumerThreads)),
+                    make_float4(acc(i), acc(i + 1), acc(i + 2), acc(i + 3)));
+        }
+      } else {
+        constexpr int kChunk = kRegisters * Traits::kdQParts / Traits::kdQChunks;
+        static_assert(kRegisters % kChunk == 0 && kChunk % 4 == 0);
+        CUTE_UNROLL
+        for (int chunk = 0; chunk < kRegisters / kChunk; ++chunk) {
+          pipeline_dq.producer_acquire(write);
+          CUTE_UNROLL
+          for (int i = 0; i < kChunk; i += 4) {
+            int const r = chunk * kChunk + i;
+            *reinterpret_cast<float4*>(smem.dq.data() + fragment_offset(thread_idx, i, kNumConsumerThreads)) =
+                make_float4(acc(r), acc(r + 1), acc(r + 2), acc(r + 3));
+          }
+          cutlass::arch::fence_view_async_shared();  // read by the TMA reduce-add (async proxy)
+          pipeline_dq.producer_commit(write);
+          ++write;
+        }
+      }
+    };
     // P^T or dS^T to its shared-memory buffer, for the GEMMs that need both
     // warpgroups' halves.
     auto share = [&](auto const& r, auto const& t_smem, Barrier ready) {
@@ -274,25 +329,26 @@ struct Mainloop {
       cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by WGMMA (async proxy)
       cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(ready));
     };
-    // The A operand of the dV (dK) GEMM: P^T (dS^T) in registers, or with the
-    // head dim split from shared memory (each warpgroup needs every query's column).
+    // The keys' operand of the dV (dK) GEMM: P^T (dS^T) in registers, or with
+    // the head dim split from shared memory (each warpgroup needs every query's column).
     auto dkv_operand = [&](auto& r, auto const& s_t) {
       if constexpr (kSplitHeadDim) {
-        return thr_mma_dkv.partition_fragment_A(s_t)(_, _, _, buffer);
+        return keys_operand(thr_mma_dkv, s_t)(_, _, _, buffer);
       } else {
         return make_tensor(r.data(), accumulator_as_operand_a(r.layout()));
       }
     };
     for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
-      // Lines 8 and 10: S^T = K Q_i^T and dP^T = V dO_i^T, issued together.
+      // Lines 8 and 10: S^T = K Q_i^T and dP^T = V dO_i^T (or S and dP),
+      // issued together.
       pipeline_q.consumer_wait(read_q);
       int const stage_q = read_q.index();
       Tensor tSrS = partition_fragment_C(tiled_mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
       Tensor tdPrdP = partition_fragment_C(tiled_mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
-      warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage_q), tSrS);
+      keys_gemm</*kZeroInit=*/true>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage_q), tSrS);
       pipeline_do.consumer_wait(read_do);
       int const stage_do = read_do.index();
-      warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage_do), tdPrdP);
+      keys_gemm</*kZeroInit=*/true>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage_do), tdPrdP);
 
       // Line 9: P = exp(S - L), with the mask on the blocks that need it,
       // while dP's GEMM runs.
@@ -308,7 +364,7 @@ struct Mainloop {
       // Line 12: dV += P^T dO_i.
       Tensor rP = convert_fragment<Element>(tSrS);
       if constexpr (kSplitHeadDim) share(rP, tPsP, Barrier::kPReady);
-      warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, dkv_operand(rP, sPt), tdVrdO(_, _, _, stage_do), tdVrdV);
+      keys_gemm</*kZeroInit=*/false>(tiled_mma_dkv, dkv_operand(rP, sPt), tdVrdO(_, _, _, stage_do), tdVrdV);
 
       // Line 11: dS = P o (dP - D), while dV's GEMM runs.
       warpgroup_wait<1>();
@@ -318,45 +374,33 @@ struct Mainloop {
         tdPrdP(i) = p_i * (tdPrdP(i) - dpsum[get<1>(coords(i))]);
       }
 
-      // dS^T to shared memory for the dQ GEMM, which needs all keys' rows.
+      // dS^T (dS) to shared memory for the dQ GEMM, which needs all keys.
       Tensor rdS = convert_fragment<Element>(tdPrdP);
       share(rdS, tdSsdS, Barrier::kdSReady);
 
-      // Line 14: dQ_i = dS K, then line 13: dK += dS^T Q_i.
-      Tensor tdQrdQ = partition_fragment_C(tiled_mma_dq, select<0, 1>(typename Traits::TileShapedQ{}));
-      warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_dq, tdQrdS(_, _, _, buffer), tdQrK, tdQrdQ);
-      warpgroup_gemm</*kZeroInit=*/false>(tiled_mma_dkv, dkv_operand(rdS, sdSt), tdKrQ(_, _, _, stage_q), tdKrdK);
+      // Line 14: dQ_i = dS K, then line 13: dK += dS^T Q_i. dQ_i goes out
+      // while dK's GEMM runs. A single dO stage is freed once dQ's (first)
+      // GEMM is done, dV's before it, so that dO_{i+1} loads during dQ_i, dK_i
+      // and S_{i+1}; with two, at the end (measured: 4% faster at d = 128
+      // causal). At d = 256 dQ_i's registers do not fit beside dK^T's and
+      // dV^T's: its second half of columns is computed once the first has left.
+      int const ds_buffer = buffer;
+      auto dq_gemm = [&](int part) {
+        Tensor acc = partition_fragment_C(tiled_mma_dq, DqPartShape{});
+        warpgroup_gemm</*kZeroInit=*/true>(tiled_mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrK(_, _, _, part), acc);
+        return acc;
+      };
+      Tensor tdQrdQ = dq_gemm(0);
+      keys_gemm</*kZeroInit=*/false>(tiled_mma_dkv, dkv_operand(rdS, sdSt), tdKrQ(_, _, _, stage_q), tdKrdK);
       buffer ^= 1;
-
-      // dQ_i out while dK's GEMM runs. A single dO stage is freed now (dV's
-      // GEMM is done), so that dO_{i+1} loads during dQ_i, dK_i and S_{i+1};
-      // with two, at the end (measured: 4% faster at d = 128 causal).
       warpgroup_wait<1>();
       if constexpr (Traits::kStagesdO == 1) pipeline_do.consumer_release(read_do);
-      if (consumers_add_dq(p)) {
-        float* dq = p.dq_accum + int64_t(row_tile(p, batch, head, m_block)) * Traits::kdQElements;
-        CUTE_UNROLL
-        for (int i = 0; i < size(tdQrdQ); i += 4) {
-          atomicAdd(reinterpret_cast<float4*>(dq + fragment_offset(thread_idx, i, kNumConsumerThreads)),
-                    make_float4(tdQrdQ(i), tdQrdQ(i + 1), tdQrdQ(i + 2), tdQrdQ(i + 3)));
-        }
-      } else {
-        // To shared memory for the dq_writer, chunk by chunk, each once it
-        // has read the last.
-        constexpr int kChunk = decltype(size(tdQrdQ))::value / Traits::kdQChunks;
-        CUTE_UNROLL
-        for (int chunk = 0; chunk < Traits::kdQChunks; ++chunk) {
-          pipeline_dq.producer_acquire(write_dq);
-          CUTE_UNROLL
-          for (int i = 0; i < kChunk; i += 4) {
-            int const r = chunk * kChunk + i;
-            *reinterpret_cast<float4*>(smem.dq.data() + fragment_offset(thread_idx, i, kNumConsumerThreads)) =
-                make_float4(tdQrdQ(r), tdQrdQ(r + 1), tdQrdQ(r + 2), tdQrdQ(r + 3));
-          }
-          cutlass::arch::fence_view_async_shared();  // read by the TMA reduce-add (async proxy)
-          pipeline_dq.producer_commit(write_dq);
-          ++write_dq;
-        }
+      add_dq(tdQrdQ, 0, m_block, write_dq);
+      CUTE_UNROLL
+      for (int part = 1; part < Traits::kdQParts; ++part) {
+        Tensor tdQrdQ_part = dq_gemm(part);
+        warpgroup_wait<0>();
+        add_dq(tdQrdQ_part, part, m_block, write_dq);
       }
       warpgroup_wait<0>();
       if constexpr (Traits::kStagesdO > 1) pipeline_do.consumer_release(read_do);

@@ -1,5 +1,5 @@
-// The mask applied to S^T (keys on the rows, queries on the columns) on the
-// query blocks that need it: keys past seqlen_k and, with kCausal, keys right
+// The mask applied to S^T (or S, bwd/traits.h) on the query blocks that
+// need it: keys past seqlen_k and, with kCausal, keys right
 // of the bottom-right aligned diagonal. Masked scores become -inf, so P = 0.
 // Query rows past seqlen_q need no mask: their LSE is +inf in the workspace.
 #pragma once
@@ -15,16 +15,24 @@ struct Mask {
   int seqlen_q;
   int seqlen_k;
 
-  // coords: the (key, query) of each element of acc_st within the tile.
+  // coords: the (key, query) of each element of acc_st within the tile, whichever
+  // mode of the accumulator holds the keys: this thread's first element's, at
+  // run time, plus each element's offset, known at compile time. The tests
+  // compare the offsets with two bounds per block, so that no element's key
+  // is held in a register across the mainloop (hoisted, ten of them spilled
+  // at d = 256).
   template <class TensorS, class Coords>
   CUTE_DEVICE void apply(TensorS& acc_st, Coords const& coords, int m_block, int n_block) const {
-    int const key0 = n_block * kBlockN;
-    int const query0 = m_block * kBlockM + seqlen_k - seqlen_q;
+    auto const base = *coords.data();
+    int const key0 = n_block * kBlockN + int(cute::get<0>(base));
+    int const key_limit = seqlen_k - key0;                                     // offsets from it on: past seqlen_k
+    int const diagonal = m_block * kBlockM + int(cute::get<1>(base)) + seqlen_k - seqlen_q - key0;
     CUTE_UNROLL
     for (int i = 0; i < cute::size(acc_st); ++i) {
-      int const key = key0 + cute::get<0>(coords(i));
-      bool masked = key >= seqlen_k;
-      if constexpr (kCausal) masked |= key > query0 + cute::get<1>(coords(i));
+      auto const offset = coords.layout()(i);
+      int const key = cute::get<0>(offset), query = cute::get<1>(offset);
+      bool masked = key >= key_limit;
+      if constexpr (kCausal) masked |= key - query > diagonal;  // right of the bottom-right aligned diagonal
       if (masked) acc_st(i) = -INFINITY;
     }
   }

@@ -18,9 +18,21 @@
 // the block holds 64 keys, the warpgroups split the queries of S^T and dP^T
 // and the head dim of dK and dV, and P^T and dS^T reach the dK/dV GEMMs
 // through shared memory (SS GEMMs).
+//
+// At head dim 256 the dQ sums in the L2 bind (4 bytes per 10 N FLOP, so
+// 1 / N): the block holds 80 keys, which a GEMM's rows (64 a warpgroup)
+// cannot cover, so the queries are the rows instead (FlashAttention-3's
+// choice at this head dim):
+//   S    = Q_i K_j^T      (M x N)  SS   warpgroups split the keys
+//   dP   = dO_i V_j^T     (M x N)  SS
+//   dV^T = dO_i^T P       (d x N)  SS   warpgroups split d; P, dS from shared memory
+//   dK^T = Q_i^T dS       (d x N)  SS
 #pragma once
 
 #include <cute/tensor.hpp>
+// The extended WGMMA shapes (see ExtendedSsAtom), without the switch.
+#include <cute/arch/mma_sm90_gmma_ext.hpp>
+#include <cute/atom/mma_traits_sm90_gmma_ext.hpp>
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/pipeline.hpp>
 
@@ -30,6 +42,31 @@
 namespace flash3::bwd {
 
 using namespace cute;
+
+// The SS WGMMA atoms 64 x 40 and 64 x 80 named: they are among the extended
+// shapes, which CuTe's selector offers (and its headers declare) only under a
+// global switch, CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, that would change the
+// forward's atoms too.
+template <class Element, int kN, GMMA::Major kMajorA, GMMA::Major kMajorB>
+struct ExtendedSsAtom {  // any other N: the selector's
+  using type = decltype(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kN>, _16>, kMajorA, kMajorB>());
+};
+template <GMMA::Major kA, GMMA::Major kB>
+struct ExtendedSsAtom<cutlass::bfloat16_t, 40, kA, kB> {
+  using type = SM90::GMMA::MMA_64x40x16_F32BF16BF16_SS<kA, kB>;
+};
+template <GMMA::Major kA, GMMA::Major kB>
+struct ExtendedSsAtom<cutlass::half_t, 40, kA, kB> {
+  using type = SM90::GMMA::MMA_64x40x16_F32F16F16_SS<kA, kB>;
+};
+template <GMMA::Major kA, GMMA::Major kB>
+struct ExtendedSsAtom<cutlass::bfloat16_t, 80, kA, kB> {
+  using type = SM90::GMMA::MMA_64x80x16_F32BF16BF16_SS<kA, kB>;
+};
+template <GMMA::Major kA, GMMA::Major kB>
+struct ExtendedSsAtom<cutlass::half_t, 80, kA, kB> {
+  using type = SM90::GMMA::MMA_64x80x16_F32F16F16_SS<kA, kB>;
+};
 
 template <class Element_, int kHeadDim_, bool kCausal_>
 struct BwdTraits {
@@ -42,8 +79,11 @@ struct BwdTraits {
   // 64 x d/2 (d/4): 224 of 240 at d = 128 with M = 64; at d = 64 that
   // leaves room for M = 128 (208), which halves the K_j/V_j reads from shared
   // memory per query row (measured +6% at 8k). Head dim split: dK and dV d/4
-  // each, S^T and dP^T M/4, dQ d/4: 208 at d = 256.
+  // each, S^T and dP^T M/4, dQ d/4: 176 at d = 192; with the queries on the
+  // rows at d = 256, dK^T and dV^T N d / 256 each (80), S and dP N/4 (20), dQ
+  // d/4 (64, not live with S and dP).
   static constexpr bool kSplitHeadDim = kHeadDim > 128;
+  static constexpr bool kQueriesOnRows = kHeadDim > 192;
   static constexpr int kBlockM = bwd_block_m(kHeadDim);
   static constexpr int kBlockN = bwd_block_n(kHeadDim);
   // dS from P as rounded for dV's GEMM (as the same-precision reference
@@ -54,13 +94,16 @@ struct BwdTraits {
   static constexpr int kNumConsumerWarpGroups = 2;
   // Shared memory (227 KB) holds two stages of Q_i, and of dO_i up to d = 192;
   // at d = 256 one stage of dO_i (dO_{i+1} loads once dV_i is done, while
-  // dQ_i, dK_i and S_{i+1} run), and dQ_i leaves for the dq_writer in two
-  // halves through one buffer.
+  // dQ_i, dK_i and S_{i+1} run), and dQ_i leaves for the dq_writer in eight
+  // parts through one buffer (what room 80 keys leave).
   static constexpr int kStagesQ = 2;
   static constexpr int kStagesdO = kHeadDim > 192 ? 1 : 2;
-  static constexpr int kdQChunks = kHeadDim > 192 ? 2 : 1;
+  static constexpr int kdQChunks = kHeadDim > 192 ? 8 : 1;
   // ... or, unless deterministic, the consumers add it with atomics (Mainloop::consumers_add_dq).
   static constexpr bool kdQAtomic = kHeadDim > 192;
+  // dQ_i's GEMM in parts of its columns, one part's registers live at a time
+  // (with the queries on the rows they would not fit beside dK^T and dV^T).
+  static constexpr int kdQParts = kQueriesOnRows ? 2 : 1;
 
   static constexpr int kNumConsumerThreads = kNumConsumerWarpGroups * 128;
   static constexpr int kNumThreads = kNumConsumerThreads + 128;  // + producer warpgroup (producer and dq_writer warps)
@@ -78,33 +121,45 @@ struct BwdTraits {
   using M = Int<kBlockM>;
   using N = Int<kBlockN>;
   using D = Int<kHeadDim>;
-  using TileShapeSdP = Shape<N, M, D>;  // S^T, dP^T: (keys, queries, d)
-  using TileShapedKV = Shape<N, D, M>;  // dK, dV:     (keys, d, queries)
+  // S^T, dP^T: (keys, queries, d), or S, dP: (queries, keys, d).
+  using TileShapeSdP = conditional_t<kQueriesOnRows, Shape<M, N, D>, Shape<N, M, D>>;
+  // dK, dV: (keys, d, queries), or dK^T, dV^T: (d, keys, queries).
+  using TileShapedKV = conditional_t<kQueriesOnRows, Shape<D, N, M>, Shape<N, D, M>>;
   using TileShapedQ = Shape<M, D, N>;   // dQ:         (queries, d, keys)
 
   // How the two warpgroups split each GEMM's (M, N) tile.
   using SplitRows = Layout<Shape<_2, _1, _1>>;
   using SplitCols = Layout<Shape<_1, _2, _1>>;
-  using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kSplitHeadDim ? kBlockM / 2 : kBlockM>, D>>(),
-      conditional_t<kSplitHeadDim, SplitCols, SplitRows>{}));
+  using TiledMmaSdP = conditional_t<
+      kQueriesOnRows,
+      decltype(make_tiled_mma(
+          typename ExtendedSsAtom<Element, kBlockN / 2, GMMA::Major::K, GMMA::Major::K>::type{}, SplitCols{})),
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float,
+                                                   Shape<_64, Int<kSplitHeadDim ? kBlockM / 2 : kBlockM>, D>>(),
+                              conditional_t<kSplitHeadDim, SplitCols, SplitRows>{}))>;
   using TiledMmadKV = conditional_t<
-      kSplitHeadDim,
-      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, M>,
-                                                   GMMA::Major::K, GMMA::Major::MN>(),
-                              SplitCols{})),
-      decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, D, M>, GMMA::Major::K,
-                                                   GMMA::Major::MN>(),
-                              SplitRows{}))>;
+      kQueriesOnRows,
+      decltype(make_tiled_mma(typename ExtendedSsAtom<Element, kBlockN, GMMA::Major::MN, GMMA::Major::K>::type{},
+                              SplitRows{})),
+      conditional_t<kSplitHeadDim,
+                    decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float,
+                                                                 Shape<_64, Int<kHeadDim / 2>, M>, GMMA::Major::K,
+                                                                 GMMA::Major::MN>(),
+                                            SplitCols{})),
+                    decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, D, M>,
+                                                                 GMMA::Major::K, GMMA::Major::MN>(),
+                                            SplitRows{}))>>;
   // dQ: with M = 128 the warpgroups split the queries (m64 x d each, half of
-  // dS as A), otherwise the head dim (M x d/2 each, all of dS).
+  // dS as A), otherwise the head dim (M x d/2 each, all of dS; in kdQParts
+  // GEMMs, each warpgroup's columns of a part contiguous).
   using TiledMmadQ = conditional_t<
       (kBlockM > 64),
       decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, D, N>, GMMA::Major::MN,
                                                    GMMA::Major::MN>(),
                               SplitRows{})),
-      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<M, Int<kHeadDim / 2>, N>,
-                                                   GMMA::Major::MN, GMMA::Major::MN>(),
+      decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float,
+                                                   Shape<M, Int<kHeadDim / 2 / kdQParts>, N>, GMMA::Major::MN,
+                                                   GMMA::Major::MN>(),
                               SplitCols{}))>;
 
   // The part of d one warpgroup's dK/dV GEMM covers: the swizzle atoms of Q,
@@ -132,6 +187,7 @@ struct BwdTraits {
   using SmemLayoutKt = decltype(composition(SmemLayoutK{}, make_layout(Shape<D, N>{}, Stride<N, _1>{})));
   using SmemLayoutV = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, N, DkvWidth>(), Shape<N, D>{}));
+  using SmemLayoutVt = decltype(composition(SmemLayoutV{}, make_layout(Shape<D, N>{}, Stride<N, _1>{})));
   // dS (and, with the head dim split, P): (M, N, buffer), M contiguous, the A
   // operand of the dQ GEMM; written through the (N, M) view from the dS^T
   // accumulators, which is also the K-major A operand of the dK (dV) GEMM.
@@ -141,6 +197,17 @@ struct BwdTraits {
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::MN, Element, M, N>(), Shape<M, N, _2>{}));
   using SmemLayoutdSt = decltype(composition(
       SmemLayoutdS{}, make_layout(Shape<N, M, _2>{}, Stride<M, _1, Int<kBlockM * kBlockN>>{})));
+  // P (P^T) and dS (dS^T) stored with stmatrix from their accumulators into
+  // the buffer's view of the same shape: the query mode is contiguous, so
+  // transposed when the queries are the rows (40 columns a warpgroup at d =
+  // 256 take two 8 x 8 matrices a store, not four).
+  using SmemLayoutPdSAcc = conditional_t<kQueriesOnRows, SmemLayoutdS, SmemLayoutdSt>;
+  using StoreAtomPdS =
+      conditional_t<kQueriesOnRows,
+                    conditional_t<kBlockN / 2 % 16 == 0, SM90_U16x8_STSM_T, SM90_U16x4_STSM_T>, SM90_U32x4_STSM_N>;
+  // dK and dV (dK^T and dV^T) into V's (N, d) layout, d contiguous, likewise.
+  using SmemLayoutdKVAcc = conditional_t<kQueriesOnRows, SmemLayoutVt, SmemLayoutV>;
+  using StoreAtomdKV = conditional_t<kQueriesOnRows, SM90_U16x8_STSM_T, SM90_U32x4_STSM_N>;
 
   // dQ_i in fp32, in the dQ accumulators' register order (see fragment_offset):
   // the dq_writer adds it to global memory with TMA reduce-adds of
@@ -187,6 +254,18 @@ enum class Barrier : uint32_t {
 // of the tile; the postprocess reads the global accumulator in the same order.
 CUTE_HOST_DEVICE constexpr int fragment_offset(int thread, int i, int num_threads) {
   return (i / 4) * num_threads * 4 + thread * 4 + i % 4;
+}
+
+// Each element's coordinates in a (rows, columns) tile, key first: (key,
+// query) for S and dP, (key, d) for dK and dV, whichever mode holds the keys
+// (the columns when the queries are the rows).
+template <class Traits, class TileShape>
+CUTE_HOST_DEVICE auto keys_first_identity(TileShape shape) {
+  if constexpr (Traits::kQueriesOnRows) {
+    return make_tensor(make_inttuple_iter(make_tuple(_0{}, _0{})), make_layout(shape, Stride<E<1>, E<0>>{}));
+  } else {
+    return make_identity_tensor(shape);
+  }
 }
 
 }  // namespace flash3::bwd

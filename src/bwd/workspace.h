@@ -7,9 +7,10 @@
 
 namespace flash3::bwd {
 
-// Query rows per step of the backward mainloop, and keys per CTA.
+// Query rows per step of the backward mainloop, and keys per CTA (80 at
+// d = 256: the dQ sums' bytes per FLOP go as 1 / keys, bwd/traits.h).
 constexpr int bwd_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 : 64; }
-constexpr int bwd_block_n(int64_t head_dim) { return head_dim > 128 ? 64 : 128; }
+constexpr int bwd_block_n(int64_t head_dim) { return head_dim > 192 ? 80 : head_dim > 128 ? 64 : 128; }
 
 // The most tiles whose last wave is split (bwd/tail_split.h): fewer than
 // the CTAs of one wave on any sm_90 part. Each has fp32 sums of dK and dV.
