@@ -69,7 +69,7 @@ if has bwd; then
   timeout 400 $B/flash3-bench --pass bwd --hdim 64,128,256 --json "$OUT/bench_bwd.json" >"$OUT/bench_bwd.txt" 2>"$OUT/bench_bwd.err"
   summary+=("bench bwd rc=$?")
   # Deterministic mode's cost, against the default rows above.
-  timeout 200 $B/flash3-bench --pass bwd --hdim 128 --seqlen 2048,8192 --deterministic >"$OUT/bench_bwd_det.txt" 2>&1
+  timeout 200 $B/flash3-bench --pass bwd --hdim 128,256 --seqlen 2048,8192 --deterministic >"$OUT/bench_bwd_det.txt" 2>&1
   summary+=("bench bwd deterministic rc=$?")
 fi
 
