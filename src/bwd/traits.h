@@ -30,7 +30,7 @@
 #pragma once
 
 #include <cute/tensor.hpp>
-// The extended WGMMA shapes (see ExtendedSsAtom), without the switch.
+// The extended WGMMA shapes (see ss_atom), without the switch.
 #include <cute/arch/mma_sm90_gmma_ext.hpp>
 #include <cute/atom/mma_traits_sm90_gmma_ext.hpp>
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
@@ -43,30 +43,19 @@ namespace flash3::bwd {
 
 using namespace cute;
 
-// The SS WGMMA atoms 64 x 40 and 64 x 80 named: they are among the extended
-// shapes, which CuTe's selector offers (and its headers declare) only under a
-// global switch, CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, that would change the
-// forward's atoms too.
+// The SS WGMMA atom 64 x kN x 16. N = 40 and 80 are named: they are among the
+// extended shapes, which CuTe's selector offers (and its headers declare)
+// only under a global switch, CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, that
+// would change the forward's atoms too.
 template <class Element, int kN, GMMA::Major kMajorA, GMMA::Major kMajorB>
-struct ExtendedSsAtom {  // any other N: the selector's
-  using type = decltype(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kN>, _16>, kMajorA, kMajorB>());
-};
-template <GMMA::Major kA, GMMA::Major kB>
-struct ExtendedSsAtom<cutlass::bfloat16_t, 40, kA, kB> {
-  using type = SM90::GMMA::MMA_64x40x16_F32BF16BF16_SS<kA, kB>;
-};
-template <GMMA::Major kA, GMMA::Major kB>
-struct ExtendedSsAtom<cutlass::half_t, 40, kA, kB> {
-  using type = SM90::GMMA::MMA_64x40x16_F32F16F16_SS<kA, kB>;
-};
-template <GMMA::Major kA, GMMA::Major kB>
-struct ExtendedSsAtom<cutlass::bfloat16_t, 80, kA, kB> {
-  using type = SM90::GMMA::MMA_64x80x16_F32BF16BF16_SS<kA, kB>;
-};
-template <GMMA::Major kA, GMMA::Major kB>
-struct ExtendedSsAtom<cutlass::half_t, 80, kA, kB> {
-  using type = SM90::GMMA::MMA_64x80x16_F32F16F16_SS<kA, kB>;
-};
+CUTE_HOST_DEVICE constexpr auto ss_atom() {
+  constexpr bool kBf16 = std::is_same_v<Element, cutlass::bfloat16_t>;
+  if constexpr (kN == 40 && kBf16) return SM90::GMMA::MMA_64x40x16_F32BF16BF16_SS<kMajorA, kMajorB>{};
+  else if constexpr (kN == 40) return SM90::GMMA::MMA_64x40x16_F32F16F16_SS<kMajorA, kMajorB>{};
+  else if constexpr (kN == 80 && kBf16) return SM90::GMMA::MMA_64x80x16_F32BF16BF16_SS<kMajorA, kMajorB>{};
+  else if constexpr (kN == 80) return SM90::GMMA::MMA_64x80x16_F32F16F16_SS<kMajorA, kMajorB>{};
+  else return GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kN>, _16>, kMajorA, kMajorB>();
+}
 
 template <class Element_, int kHeadDim_, bool kCausal_>
 struct BwdTraits {
@@ -132,15 +121,13 @@ struct BwdTraits {
   using SplitCols = Layout<Shape<_1, _2, _1>>;
   using TiledMmaSdP = conditional_t<
       kQueriesOnRows,
-      decltype(make_tiled_mma(
-          typename ExtendedSsAtom<Element, kBlockN / 2, GMMA::Major::K, GMMA::Major::K>::type{}, SplitCols{})),
+      decltype(make_tiled_mma(ss_atom<Element, kBlockN / 2, GMMA::Major::K, GMMA::Major::K>(), SplitCols{})),
       decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float,
                                                    Shape<_64, Int<kSplitHeadDim ? kBlockM / 2 : kBlockM>, D>>(),
                               conditional_t<kSplitHeadDim, SplitCols, SplitRows>{}))>;
   using TiledMmadKV = conditional_t<
       kQueriesOnRows,
-      decltype(make_tiled_mma(typename ExtendedSsAtom<Element, kBlockN, GMMA::Major::MN, GMMA::Major::K>::type{},
-                              SplitRows{})),
+      decltype(make_tiled_mma(ss_atom<Element, kBlockN, GMMA::Major::MN, GMMA::Major::K>(), SplitRows{})),
       conditional_t<kSplitHeadDim,
                     decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float,
                                                                  Shape<_64, Int<kHeadDim / 2>, M>, GMMA::Major::K,
