@@ -70,7 +70,7 @@ struct BwdTraits {
   // memory per query row (measured +6% at 8k). Head dim split: dK and dV d/4
   // each, S^T and dP^T M/4, dQ d/4: 176 at d = 192; with the queries on the
   // rows at d = 256, dK^T and dV^T N d / 256 each (80), S and dP N/4 (20), dQ
-  // d/4 (64, not live with S and dP).
+  // d/4 (64: beside dK^T and dV^T it spilled, so in halves, kdQParts).
   static constexpr bool kSplitHeadDim = kHeadDim > 128;
   static constexpr bool kQueriesOnRows = kHeadDim > 192;
   static constexpr int kBlockM = bwd_block_m(kHeadDim);
