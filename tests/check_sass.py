@@ -7,7 +7,10 @@ TMA for its output (UTMASTG: the forward's O; UTMAREDG: the backward's dQ
 reduce-add); and no
 mainloop (an innermost loop that issues warpgroup MMAs, or, in the FP8
 kernels, the V transpose's LDSM.T) may touch local memory (LDL/STL: register
-spills or stack arrays). Local memory outside the mainloops is listed, so that
+spills or stack arrays), nor issue a 64 x 8 warpgroup MMA: that is CuTe's
+atom selector falling back when a tile's width is not among the atoms it
+offers (run 105: each 64 x 40 GEMM came out as five 64 x 8 ones, 520 R2UR a
+loop). Local memory outside the mainloops is listed, so that
 it stays visible. The forward's ablation variant without warp specialization
 has no producer warpgroup to give registers away: it needs no USETMAXREG.
 
@@ -71,6 +74,7 @@ def hot_ops(name):
     """What marks a mainloop: the warpgroup MMA, and FP8's V transpose."""
     return (mma_op(name), "LDSM.16.MT88") if mma_op(name) == "QGMMA" else (mma_op(name),)
 LOCAL = re.compile(r"\b(LDL|STL)(\.|\s)")
+NARROW_MMA = re.compile(r"\b[HQ]GMMA\.64x8x")
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 BRANCH = re.compile(r"\bBRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))")
 
@@ -139,6 +143,8 @@ def check(objects, cuobjdump, nvdisasm):
                 if not any(op in t for lo, hi in loops for a, t in code if lo <= a <= hi):
                     failures.append(f"{obj}: {name}: no loop issuing {op} found")
             for addr, text in code:
+                if NARROW_MMA.search(text) and any(lo <= addr <= hi for lo, hi in loops):
+                    failures.append(f"{obj}: {name}: {text.strip()} at 0x{addr:x}: a 64 x 8 MMA in the mainloop")
                 if LOCAL.search(text):
                     where = [l for l in loops if l[0] <= addr <= l[1]]
                     line = f"{obj}: {name}: {text.strip()} at 0x{addr:x}"

@@ -28,6 +28,14 @@ def test_spill_in_the_outer_tile_loop_is_not_in_the_mainloop():
     assert local_in_mainloops(body) == []
 
 
+def test_a_64x8_mma_is_recognised():
+    # CuTe's selector falling back to its narrowest atom (run 105), not a 64 x 80 one.
+    assert check_sass.NARROW_MMA.search("HGMMA.64x8x16.F32.BF16 R24, gdesc[UR24], RZ, !UPT")
+    assert check_sass.NARROW_MMA.search("QGMMA.64x8x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24")
+    assert not check_sass.NARROW_MMA.search("HGMMA.64x80x16.F32.BF16 R24, gdesc[UR4], R24")
+    assert not check_sass.NARROW_MMA.search("HGMMA.64x40x16.F32.BF16 R24, gdesc[UR4], R24")
+
+
 def test_out_of_line_wait_retry_is_no_loop():
     # 0x20 jumps out to a retry path at 0x60, which returns to 0x30: not a loop
     # around the HGMMA and the LDL.
