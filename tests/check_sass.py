@@ -119,6 +119,11 @@ def functions(sass):
         yield parts[i], parts[i + 1]
 
 
+def narrow_mmas_in_mainloops(code, loops):
+    """The 64 x 8 warpgroup MMAs inside the mainloops, as (address, text)."""
+    return [(a, t) for a, t in code if NARROW_MMA.search(t) and any(lo <= a <= hi for lo, hi in loops)]
+
+
 def check(objects, cuobjdump, nvdisasm):
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(nvdisasm) + os.pathsep + env.get("PATH", "")
@@ -142,9 +147,9 @@ def check(objects, cuobjdump, nvdisasm):
             for op in hot_ops(name):
                 if not any(op in t for lo, hi in loops for a, t in code if lo <= a <= hi):
                     failures.append(f"{obj}: {name}: no loop issuing {op} found")
+            for addr, text in narrow_mmas_in_mainloops(code, loops):
+                failures.append(f"{obj}: {name}: {text.strip()} at 0x{addr:x}: a 64 x 8 MMA in the mainloop")
             for addr, text in code:
-                if NARROW_MMA.search(text) and any(lo <= addr <= hi for lo, hi in loops):
-                    failures.append(f"{obj}: {name}: {text.strip()} at 0x{addr:x}: a 64 x 8 MMA in the mainloop")
                 if LOCAL.search(text):
                     where = [l for l in loops if l[0] <= addr <= l[1]]
                     line = f"{obj}: {name}: {text.strip()} at 0x{addr:x}"

@@ -28,12 +28,22 @@ def test_spill_in_the_outer_tile_loop_is_not_in_the_mainloop():
     assert local_in_mainloops(body) == []
 
 
-def test_a_64x8_mma_is_recognised():
-    # CuTe's selector falling back to its narrowest atom (run 105), not a 64 x 80 one.
-    assert check_sass.NARROW_MMA.search("HGMMA.64x8x16.F32.BF16 R24, gdesc[UR24], RZ, !UPT")
-    assert check_sass.NARROW_MMA.search("QGMMA.64x8x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24")
-    assert not check_sass.NARROW_MMA.search("HGMMA.64x80x16.F32.BF16 R24, gdesc[UR4], R24")
-    assert not check_sass.NARROW_MMA.search("HGMMA.64x40x16.F32.BF16 R24, gdesc[UR4], R24")
+def narrow_in_mainloops(body):
+    return [a for a, t in check_sass.narrow_mmas_in_mainloops(*check_sass.mainloops(body))]
+
+
+def test_a_64x8_mma_in_the_mainloop_is_found():
+    # CuTe's selector falling back to its narrowest atom (run 105).
+    body = sass((0x10, "MOV R1, R2"), (0x20, "HGMMA.64x8x16.F32.BF16 R24, gdesc[UR24], RZ, !UPT"),
+                (0x30, "HGMMA.64x80x16.F32.BF16 R28, gdesc[UR4], R28"), (0x40, "@P0 BRA 0x20"), (0x50, "EXIT"))
+    assert narrow_in_mainloops(body) == [0x20]
+
+
+def test_wide_mmas_and_a_64x8_outside_the_loop_pass():
+    body = sass((0x10, "QGMMA.64x8x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24"),
+                (0x20, "HGMMA.64x40x16.F32.BF16 R28, gdesc[UR4], R28"), (0x30, "QGMMA.64x80x32.F32.E4M3.E4M3 R32, gdesc[UR6], R32"),
+                (0x40, "@P0 BRA 0x20"), (0x50, "EXIT"))
+    assert narrow_in_mainloops(body) == []
 
 
 def test_out_of_line_wait_retry_is_no_loop():

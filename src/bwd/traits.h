@@ -75,6 +75,8 @@ struct BwdTraits {
   static constexpr bool kQueriesOnRows = kHeadDim > 192;
   static constexpr int kBlockM = bwd_block_m(kHeadDim);
   static constexpr int kBlockN = bwd_block_n(kHeadDim);
+  // With the keys on the GEMMs' rows, a warpgroup's 64 rows divide them.
+  static_assert(kQueriesOnRows || kBlockN % 64 == 0);
   // dS from P as rounded for dV's GEMM (as the same-precision reference
   // rounds it) frees S^T's fp32 registers early: needed for M = 128 to stay
   // spill-free; elsewhere the conversion back costs (measured -4.5% at d = 128
