@@ -15,10 +15,11 @@ it stays visible. The forward's ablation variant without warp specialization
 has no producer warpgroup to give registers away: it needs no USETMAXREG.
 
 The backward's kernels run as a chain of programmatic dependent launches
-(src/common/dependent_launch.h): each kernel after the preprocess must wait
-for the one before it (ACQBULK, griddepcontrol.wait), or it races it, and
-each one with a dependent should let it start (PREEXIT,
-griddepcontrol.launch_dependents).
+(src/common/dependent_launch.h): each one with a dependent should let it
+start (PREEXIT, griddepcontrol.launch_dependents), and the postprocess and
+the GQA sums must wait for the kernel before them (ACQBULK,
+griddepcontrol.wait), or they race it: the sums wholly, the postprocess's
+last CTA (its others, and the main kernel, wait on counters instead).
 """
 import argparse
 import os
@@ -34,7 +35,7 @@ REQUIRED = {
 
 CHAIN = {
     "preprocess_kernel": ("PREEXIT",),
-    "backward_kernel": ("ACQBULK", "PREEXIT"),
+    "backward_kernel": ("PREEXIT",),
     "postprocess_dq_kernel": ("ACQBULK", "PREEXIT"),
     "sum_groups_kernel": ("ACQBULK",),
 }

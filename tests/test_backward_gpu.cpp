@@ -404,6 +404,46 @@ TEST(Backward, NoQueryGivesZeroKeyGradients) {
   }
 }
 
+// No key: dQ = 0 (the postprocess runs without a main kernel before it).
+TEST(Backward, NoKeyGivesZeroQueryGradients) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  for (int d : {64, 128, 256}) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE("d" + std::to_string(d) + (causal ? " causal" : ""));
+      int64_t const batch = 2, seqlen_q = 300, heads = 4;
+      size_t const n = size_t(batch * seqlen_q * heads * d);
+      DeviceBuffer<uint16_t> q(n), o(n), dout(n), dq(n);
+      DeviceBuffer<float> lse(size_t(batch * heads * seqlen_q));
+      ASSERT_TRUE(q.ptr && o.ptr && dout.ptr && dq.ptr && lse.ptr);
+      for (void* p : {static_cast<void*>(q.ptr), static_cast<void*>(o.ptr), static_cast<void*>(dout.ptr)}) {
+        ASSERT_EQ(cudaMemset(p, 0x3c, n * 2), cudaSuccess);
+      }
+      ASSERT_EQ(cudaMemset(lse.ptr, 0, size_t(batch * heads * seqlen_q) * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemset(dq.ptr, 0xff, n * 2), cudaSuccess);  // NaN
+      flash3::BackwardArgs a;
+      a.dtype = DType::kBF16;
+      a.batch = batch;
+      a.seqlen_q = seqlen_q;
+      a.seqlen_k = 0;
+      a.heads_q = heads;
+      a.heads_kv = heads;
+      a.head_dim = d;
+      a.causal = causal;
+      a.q = flash3::contiguous<const void*>(q.ptr, seqlen_q, heads, d);
+      a.o = flash3::contiguous<const void*>(o.ptr, seqlen_q, heads, d);
+      a.dout = flash3::contiguous<const void*>(dout.ptr, seqlen_q, heads, d);
+      a.lse = lse.ptr;
+      a.dq = flash3::contiguous<void*>(dq.ptr, seqlen_q, heads, d);
+      flash3::Status const s = flash3::backward(a, nullptr);
+      if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
+      ASSERT_TRUE(s.ok()) << s.message();
+      std::vector<uint16_t> got(n);
+      ASSERT_EQ(cudaMemcpy(got.data(), dq.ptr, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], 0) << "dq[" << i << "]";
+    }
+  }
+}
+
 // Shapes drawn at random (gpu_test_util.h), besides the sweep's.
 TEST(Backward, RandomShapes) {
   SKIP_WITHOUT_CUDA_DEVICE();

@@ -3,9 +3,12 @@
 // (bwd/tail_split.h).
 //
 //   warpgroup 0, warp 0   producer: setmaxnreg down, TMA loads of K_j, V_j,
-//                         then Q_i, dO_i, LSE_i, D_i for each query block i
+//                         then Q_i, dO_i for each query block i
 //   warpgroup 0, warp 1   dq_writer: adds each dQ_i to global memory (at d = 256
 //                         only in deterministic mode; Mainloop::consumers_add_dq)
+//                         and counts the key block in
+//   warpgroup 0, warp 2   lse_loader: LSE_i, D_i, once the preprocess (which
+//                         runs beside this kernel) has done the head
 //   warpgroups 1, 2       consumers: setmaxnreg up, the five GEMMs per query
 //                         block, then dK_j and dV_j
 #pragma once
@@ -30,6 +33,7 @@ struct Kernel {
   using PipelineQ = typename Traits::PipelineQ;
   using PipelinedO = typename Traits::PipelinedO;
   using PipelinedQ = typename Traits::PipelinedQ;
+  using PipelineLseD = typename Traits::PipelineLseD;
 
   struct Params {
     typename MainloopT::Params mainloop;
@@ -65,17 +69,26 @@ struct Kernel {
     }
   }
 
+  // The query blocks a CTA's work visits.
+  CUTE_DEVICE static QueryRange range_of(Params const& p, Work const& w) {
+    auto const& mp = p.mainloop;
+    return part_range(query_range(w.n_block, Traits::kBlockM, Traits::kBlockN, mp.seqlen_q, mp.seqlen_k, mp.m_blocks,
+                                  Traits::kCausal),
+                      w.part.part, w.part.parts);
+  }
+
   static constexpr int kNumThreads = Traits::kNumThreads;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
-  // A TMA pipeline from the producer warpgroup (0) to the consumers.
+  // A TMA pipeline from a warp of warpgroup 0, whose first thread issues,
+  // to the consumers.
   template <class Pipeline>
   CUTE_DEVICE static Pipeline make_load_pipeline(typename Pipeline::SharedStorage& storage, uint32_t bytes,
-                                                 int warp_group) {
+                                                 int warp_group, int warp) {
     typename Pipeline::Params params;
     params.transaction_bytes = bytes;
     params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-    params.is_leader = threadIdx.x == 0;
+    params.is_leader = threadIdx.x == warp * cutlass::NumThreadsPerWarp;
     params.num_consumers = Traits::kNumConsumerThreads;
     return Pipeline(storage, params, Shape<_1, _1, _1>{});
   }
@@ -85,18 +98,15 @@ struct Kernel {
     int const warp_group = cutlass::canonical_warp_group_idx();
     int const warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
     auto const& mp = params.mainloop;
-    auto const [n_block, head, batch, part] = work(params);
-    QueryRange const range = part_range(query_range(n_block, Traits::kBlockM, Traits::kBlockN, mp.seqlen_q,
-                                                    mp.seqlen_k, mp.m_blocks, Traits::kCausal),
-                                        part.part, part.parts);
 
     if (threadIdx.x == 0) {
       MainloopT::prefetch_descriptors(mp);
       EpilogueT::prefetch_descriptors(params.epilogue);
       smem.barrier_kv.init(/*arrive_count=*/1);
     }
-    auto pipeline_q = make_load_pipeline<PipelineQ>(smem.pipeline_q, MainloopT::kQBytes, warp_group);
-    auto pipeline_do = make_load_pipeline<PipelinedO>(smem.pipeline_do, MainloopT::kdOBytes, warp_group);
+    auto pipeline_q = make_load_pipeline<PipelineQ>(smem.pipeline_q, MainloopT::kQBytes, warp_group, 0);
+    auto pipeline_do = make_load_pipeline<PipelinedO>(smem.pipeline_do, MainloopT::kdOBytes, warp_group, 0);
+    auto pipeline_lse = make_load_pipeline<PipelineLseD>(smem.pipeline_lse, MainloopT::kLseDBytes, warp_group, 2);
     // dQ_i's buffer: the consumers fill it, the dq_writer empties it.
     typename PipelinedQ::Params dq_params;
     dq_params.role = warp_group == 0 ? PipelinedQ::ThreadCategory::Consumer : PipelinedQ::ThreadCategory::Producer;
@@ -104,23 +114,25 @@ struct Kernel {
     dq_params.consumer_arv_count = cutlass::NumThreadsPerWarp;
     PipelinedQ pipeline_dq(smem.pipeline_dq, dq_params);
     __syncthreads();  // barriers initialised before anyone waits on them
-    // The postprocess may start on the SMs this grid's last wave frees. This
-    // grid may itself start before the preprocess ends (bwd/launch.h): the
-    // producer waits for it once it has issued K_j and V_j, the others (dQ's
-    // sums, the split's) here. (Waiting inside the consumers' branch made
-    // ptxas keep the tile's decoding in local memory at d = 64.)
+    // The postprocess may start on the SMs this grid's last wave frees. (The
+    // preprocess runs beside this grid: Mainloop::load_lse_d waits for it.)
     let_dependents_start();
     bool const producer = warp_group == 0 && warp_in_group == 0;
-    if (!producer) wait_for_earlier_grid();
 
+    // Each role decodes the CTA's work itself: values held across the roles'
+    // branch took the consumers a register, which ptxas spilled at d = 64.
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+      Work const w = work(params);
+      QueryRange const range = range_of(params, w);
       if (producer) {
         // Producer (lines 3-4, 6).
-        MainloopT::load(mp, smem, pipeline_q, pipeline_do, n_block, head, batch, range, cute::elect_one_sync());
+        MainloopT::load(mp, smem, pipeline_q, pipeline_do, w.n_block, w.head, w.batch, range, cute::elect_one_sync());
       } else if (warp_in_group == 1) {
-        MainloopT::write_dq(mp, smem, pipeline_dq, n_block, head, batch, range,
+        MainloopT::write_dq(mp, smem, pipeline_dq, w.n_block, w.head, w.batch, range,
                             threadIdx.x % cutlass::NumThreadsPerWarp);
+      } else if (warp_in_group == 2) {
+        MainloopT::load_lse_d(mp, smem, pipeline_lse, w.head, w.batch, range);
       }
     } else {
       // Consumers (lines 5, 7-16).
@@ -131,8 +143,9 @@ struct Kernel {
       Tensor tdVrdV = partition_fragment_C(tiled_mma_dkv, select<0, 1>(typename Traits::TileShapedKV{}));
       clear(tdKrdK);
       clear(tdVrdV);
-      MainloopT::mma(mp, smem, pipeline_q, pipeline_do, pipeline_dq, tdKrdK, tdVrdV, n_block, head, batch, range,
-                     thread_idx);
+      Work const w = work(params);
+      MainloopT::mma(mp, smem, pipeline_q, pipeline_do, pipeline_lse, pipeline_dq, tdKrdK, tdVrdV, w.n_block, w.head,
+                     w.batch, range_of(params, w), thread_idx);
       // The CTA's work is decoded again rather than held through the mainloop
       // (as blockIdx was read again before the tail split).
       Work const done = work(params);

@@ -1,7 +1,10 @@
 // Host side of the backward pass: workspace, preprocess, the main kernel's
 // TMA descriptors and grid (its last wave split, bwd/tail_split.h),
 // postprocess. Each kernel after the preprocess is a programmatic dependent
-// of the one before (common/dependent_launch.h). Arguments have been validated.
+// of the one before (common/dependent_launch.h), except a postprocess with no
+// main kernel before it; the main kernel and the postprocess wait on
+// counters (per head, per dQ tile) rather than for the grid before them to
+// end. Arguments have been validated.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -94,10 +97,11 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     if (split.ctas(tiles) > std::numeric_limits<int>::max()) return cudaErrorInvalidConfiguration;
   }
 
-  // Line 2: D and the LSE; the dQ accumulator (and the semaphores) cleared.
-  if (a.deterministic && (err = cudaMemsetAsync(ws + w.semaphore, 0, w.dk_accum - w.semaphore, stream)) != cudaSuccess) {
-    return err;
-  }
+  // The counters cleared (before the preprocess, which the main kernel does
+  // not wait for as a whole), then line 2: D and the LSE, the dQ accumulator
+  // cleared.
+  size_t const counters_end = w.split_sums + split.split_tiles * split_tile_bytes(a.head_dim);
+  if ((err = cudaMemsetAsync(ws + w.ready, 0, counters_end - w.ready, stream)) != cudaSuccess) return err;
   PreprocessParams<Element> pre{};
   pre.o = static_cast<Element const*>(a.o.data);
   pre.dout = static_cast<Element const*>(a.dout.data);
@@ -107,19 +111,19 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   pre.lse_log2 = lse_log2;
   pre.dpsum = dpsum;
   pre.dq_accum = dq_accum;
+  pre.ready = reinterpret_cast<int*>(ws + w.ready);
   pre.padded_rows = m_blocks * Traits::kBlockM;
-  pre.rows = a.batch * a.heads_q * pre.padded_rows;
   pre.seqlen_q = int(a.seqlen_q);
   pre.num_heads = int(a.heads_q);
-  pre.head_dim = int(a.head_dim);
-  if (split.split_tiles > 0) {
-    size_t const used = w.split_sums + split.split_tiles * split_tile_bytes(a.head_dim);
-    pre.split = reinterpret_cast<uint4*>(ws + w.split_arrivals);
-    pre.split_vectors = int64_t(used - w.split_arrivals) / int64_t(sizeof(uint4));
-  }
-  constexpr int kRowsPerCta = kPreprocessThreads / kPreprocessThreadsPerRow;
-  unsigned const pre_ctas = unsigned((pre.rows + kRowsPerCta - 1) / kRowsPerCta);
-  preprocess_kernel<Element><<<pre_ctas, kPreprocessThreads, 0, stream>>>(pre);
+  pre.items_per_head = preprocess_items_per_head(pre.padded_rows);
+  pre.items = int(a.batch * a.heads_q) * pre.items_per_head;
+  // Beside the main kernel on an eighth of the SMs, or before it on all of
+  // them for long calls without the mask: there the main kernel lost more
+  // (run 117: 4-5% at 8k, head dims 128 and 256), its SMs no longer ending
+  // their last CTAs together as its last wave's split assumes (bwd/tail_split.h).
+  bool const beside = Traits::kCausal || a.seqlen_q < kPreprocessBesideBelow;
+  preprocess_kernel<Element, Traits::kHeadDim>
+      <<<preprocess_ctas(pre.items, device.num_sms, beside), kPreprocessThreads, 0, stream>>>(pre);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
   if (n_blocks > 0) {
@@ -150,7 +154,9 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     mp.dq_accum = dq_accum;
     mp.lse_log2 = lse_log2;
     mp.dpsum = dpsum;
-    mp.semaphore = a.deterministic ? reinterpret_cast<int*>(ws + w.semaphore) : nullptr;
+    mp.dq_arrivals = reinterpret_cast<int*>(ws + w.dq_arrivals);
+    mp.ready = pre.ready;
+    mp.ready_items = pre.items_per_head;
     mp.deterministic = a.deterministic;
     mp.head_group = group;
     mp.num_heads = int(a.heads_q);
@@ -186,14 +192,26 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
 
   PostprocessParams<Element> post{};
   post.dq_accum = dq_accum;
+  post.dq_arrivals = reinterpret_cast<int*>(ws + w.dq_arrivals);
+  post.ready = pre.ready;
+  post.ready_items = pre.items_per_head;
+  post.done = reinterpret_cast<int*>(ws + w.post_done);
   post.dq = static_cast<Element*>(a.dq.data);
   strides_of(a.dq, post.dq_strides);
   post.seqlen_q = int(a.seqlen_q);
+  post.seqlen_k = int(a.seqlen_k);
   post.num_heads = int(a.heads_q);
   post.m_blocks = m_blocks;
   post.softmax_scale = scale;
-  err = launch_dependent(postprocess_dq_kernel<Traits>, dim3(m_blocks, unsigned(a.heads_q), unsigned(a.batch)),
-                         dim3(Traits::kNumConsumerThreads), 0, stream, post);
+  // A dependent of the main kernel (bwd/postprocess.h). Without one (no
+  // key), it must not start before the preprocess has cleared the accumulator.
+  dim3 const post_grid(m_blocks, unsigned(a.heads_q), unsigned(a.batch));
+  if (n_blocks > 0) {
+    err = launch_dependent(postprocess_dq_kernel<Traits>, post_grid, dim3(Traits::kNumConsumerThreads), 0, stream, post);
+  } else {
+    postprocess_dq_kernel<Traits><<<post_grid, Traits::kNumConsumerThreads, 0, stream>>>(post);
+    err = cudaGetLastError();
+  }
   if (err != cudaSuccess) return err;
 
   if (group > 1 && a.seqlen_k > 0) {

@@ -27,6 +27,7 @@ struct Mainloop {
   using PipelineQ = typename Traits::PipelineQ;
   using PipelinedO = typename Traits::PipelinedO;
   using PipelinedQ = typename Traits::PipelinedQ;
+  using PipelineLseD = typename Traits::PipelineLseD;
   using PipelinedQState = typename PipelinedQ::PipelineState;
 
   using GmemShape = typename Traits::GmemShape;
@@ -45,8 +46,9 @@ struct Mainloop {
   using TmadQ = decltype(make_tma_copy(SM90_TMA_REDUCE_ADD{}, dQAccumTensor{}, typename Traits::SmemLayoutdQ{},
                                        typename Traits::TileShapedQAccum{}, _1{}));
 
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element) + kBlockM * sizeof(float);  // and LSE_i
-  static constexpr uint32_t kdOBytes = kQBytes;                                                           // and D_i
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kdOBytes = kQBytes;
+  static constexpr uint32_t kLseDBytes = 2 * kBlockM * sizeof(float);
   static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
 
   struct Params {
@@ -60,7 +62,9 @@ struct Mainloop {
     float* dq_accum;        // the same bytes the TMA reduce-add writes (deterministic mode adds itself)
     float const* lse_log2;  // [batch, heads_q, m_blocks * kBlockM]
     float const* dpsum;
-    int* semaphore;         // deterministic mode's turn counters
+    int* dq_arrivals;       // per dQ tile: the key blocks that have added to it (WorkspaceLayout)
+    int* ready;             // per head: the preprocess's items done (bwd/preprocess.h)
+    int ready_items;        // the preprocess's items per head
     bool deterministic;
     int head_group;
     int num_heads;
@@ -84,8 +88,8 @@ struct Mainloop {
   }
 
   // ---------------------------------------------------------------- producer
-  // Algorithm 3, lines 3-4 and 6: K_j and V_j once, then Q_i with LSE_i and
-  // dO_i with D_i into their circular buffers. One warp; `leader` issues.
+  // Algorithm 3, lines 3-4 and 6: K_j and V_j once, then Q_i and dO_i into
+  // their circular buffers. One warp; `leader` issues.
   CUTE_DEVICE static void load(Params const& p, SharedStorage& smem, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
                                int n_block, int head, int batch, QueryRange range, bool leader) {
     int const head_kv = head / p.head_group;
@@ -119,28 +123,54 @@ struct Mainloop {
       copy(p.tma_k.with(bar), tma_k.partition_S(gK), tma_k.partition_D(sK));
       copy(p.tma_v.with(bar), tma_v.partition_S(gV), tma_v.partition_D(sV));
     }
-    wait_for_earlier_grid();  // LSE_i and D_i: the preprocess's
     auto write_q = cutlass::make_producer_start_state<PipelineQ>();
     auto write_do = cutlass::make_producer_start_state<PipelinedO>();
     for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
-      int64_t const row0 = int64_t(row_tile(p, batch, head, m_block)) * kBlockM;
       pipeline_q.producer_acquire(write_q);
       if (leader) {
-        auto* bar = pipeline_q.producer_get_barrier(write_q);
-        int const stage = write_q.index();
-        copy(p.tma_q.with(*bar), tQgQ(_, _, _, m_block), tQsQ(_, _, _, stage));
-        SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, bar, smem.lse_log2.data() + stage * kBlockM,
-                                 kBlockM * sizeof(float));
+        copy(p.tma_q.with(*pipeline_q.producer_get_barrier(write_q)), tQgQ(_, _, _, m_block),
+             tQsQ(_, _, _, write_q.index()));
       }
       ++write_q;
       pipeline_do.producer_acquire(write_do);
       if (leader) {
-        auto* bar = pipeline_do.producer_get_barrier(write_do);
-        int const stage = write_do.index();
-        copy(p.tma_do.with(*bar), tdOgdO(_, _, _, m_block), tdOsdO(_, _, _, stage));
-        SM90_BULK_COPY_G2S::copy(p.dpsum + row0, bar, smem.dpsum.data() + stage * kBlockM, kBlockM * sizeof(float));
+        copy(p.tma_do.with(*pipeline_do.producer_get_barrier(write_do)), tdOgdO(_, _, _, m_block),
+             tdOsdO(_, _, _, write_do.index()));
       }
       ++write_do;
+    }
+  }
+
+  // -------------------------------------------------------------- lse_loader
+  // Algorithm 3, line 6's LSE_i and D_i, in a circular buffer of their own
+  // (as many stages as Q_i's): a second producer warp, because they are the
+  // preprocess's, which runs beside this kernel (bwd/preprocess.h). It waits
+  // until the preprocess has done this head (D, LSE and the dQ accumulator
+  // cleared); the consumers' work, and so the dq_writer's, follows its loads.
+  // (Waiting in the producer's warp, which holds the loads' state in 24
+  // registers, made ptxas spill a consumer register at d = 64. The copies'
+  // lane is elected where they are issued: given as a flag, it lost ptxas the
+  // uniform addresses a bulk copy takes, run 117.)
+  CUTE_DEVICE static void load_lse_d(Params const& p, SharedStorage& smem, PipelineLseD& pipeline, int head,
+                                     int batch, QueryRange range) {
+    if (cute::elect_one_sync()) {
+      cuda::atomic_ref<int, cuda::thread_scope_device> const ready(p.ready[batch * p.num_heads + head]);
+      while (ready.load(cuda::memory_order_acquire) < p.ready_items) {
+      }
+      asm volatile("fence.proxy.async.global;" ::: "memory");  // read by bulk copies (async proxy)
+    }
+    __syncwarp();
+    auto write = cutlass::make_producer_start_state<PipelineLseD>();
+    for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
+      int64_t const row0 = int64_t(row_tile(p, batch, head, m_block)) * kBlockM;
+      pipeline.producer_acquire(write);
+      if (cute::elect_one_sync()) {
+        auto* bar = pipeline.producer_get_barrier(write);
+        int const at = write.index() * kBlockM;
+        SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, bar, smem.lse_log2.data() + at, kBlockM * sizeof(float));
+        SM90_BULK_COPY_G2S::copy(p.dpsum + row0, bar, smem.dpsum.data() + at, kBlockM * sizeof(float));
+      }
+      ++write;
     }
   }
 
@@ -151,19 +181,31 @@ struct Mainloop {
   // the SS GEMMs for its bandwidth (measured +5%).
   CUTE_DEVICE static bool consumers_add_dq(Params const& p) { return Traits::kdQAtomic && !p.deterministic; }
 
-  // Deterministic mode's turns: a semaphore per query block.
-  CUTE_DEVICE static void wait_turn(int* semaphore, int turn) {
-    cuda::atomic_ref<int, cuda::thread_scope_device> const s(*semaphore);
-    while (s.load(cuda::memory_order_acquire) != turn) {
+  // Each dQ tile counts the key blocks that have added to it: the
+  // postprocess converts the tile once all have, and deterministic mode adds
+  // in turns, key block by key block (deterministic_turn), each waiting for
+  // the count to reach its turn.
+  CUTE_DEVICE static void wait_turn(int* arrivals, int turn) {
+    cuda::atomic_ref<int, cuda::thread_scope_device> const count(*arrivals);
+    while (count.load(cuda::memory_order_acquire) != turn) {
     }
     asm volatile("fence.proxy.async.global;" ::: "memory");  // then the reduce-add (async proxy)
   }
-  CUTE_DEVICE static void pass_turn(int* semaphore, int turn) {
-    // CuTe's tma_store_wait waits until bulk copies have read shared memory;
-    // the next key block needs this one's global writes complete.
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  // The TMA reduce-adds issued so far, all but the newest kPending bulk
+  // groups, have completed (not only read shared memory), ordered before
+  // what follows.
+  template <int kPending>
+  CUTE_DEVICE static void wait_adds() {
+    asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
     asm volatile("fence.proxy.async.global;" ::: "memory");
-    cuda::atomic_ref<int, cuda::thread_scope_device>(*semaphore).store(turn, cuda::memory_order_release);
+  }
+  // Counts this key block in: its adds, which precede the call, are released
+  // with the count.
+  CUTE_DEVICE static void count_in(int* arrivals) {
+    cuda::atomic_ref<int, cuda::thread_scope_device>(*arrivals).fetch_add(1, cuda::memory_order_release);
+  }
+  CUTE_DEVICE static void pass_turn(int* arrivals, int turn) {
+    cuda::atomic_ref<int, cuda::thread_scope_device>(*arrivals).store(turn + 1, cuda::memory_order_release);
   }
 
   // The key blocks that visit query block m are 0, 1, ..., last_key_block(m).
@@ -179,39 +221,58 @@ struct Mainloop {
 
   // Algorithm 3, line 14's accumulation, off the consumers' path: each dQ_i
   // the consumers leave in shared memory is added to the global fp32
-  // accumulator with one TMA reduce-add per chunk. Deterministic mode takes the key
-  // blocks' turns in order (a semaphore per query block), so the sum's order
-  // is fixed.
+  // accumulator with one TMA reduce-add per chunk, and counted in. Where the
+  // consumers add dQ_i themselves, they pass a token per query block once
+  // their atomics are issued, and this warp counts those in.
   CUTE_DEVICE static void write_dq(Params const& p, SharedStorage& smem, PipelinedQ& pipeline_dq, int n_block,
                                    int head, int batch, QueryRange range, int lane) {
     Tensor mdQ = p.tma_dq.get_tma_tensor(make_shape(_256{}, Int<Traits::kdQRows>{}, p.dq_tiles * Traits::kdQChunks));
     Tensor sdQ = make_tensor(make_smem_ptr(smem.dq.data()), typename Traits::SmemLayoutdQ{});
     auto tma_dq = p.tma_dq.get_slice(_0{});
-    if (consumers_add_dq(p)) return;
     PipelinedQState read;
+    if (consumers_add_dq(p)) {
+      for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
+        pipeline_dq.consumer_wait(read);
+        pipeline_dq.consumer_release(read);
+        ++read;
+        if (lane == 0) count_in(p.dq_arrivals + row_tile(p, batch, head, m_block));
+      }
+      return;
+    }
+    // The accumulator's zeros (the preprocess's, which the lse_loader waited
+    // for) before the reduce-adds (async proxy).
+    if (lane == 0) asm volatile("fence.proxy.async.global;" ::: "memory");
+    // Without turns to pass, a tile is counted in once the next one's adds
+    // are issued, so that waiting for its own to complete costs nothing.
+    int late = -1;
     for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
       int const tile = row_tile(p, batch, head, m_block);
-      // Deterministic mode: key blocks add to query block m's dQ in a fixed
-      // order, each passing the turn on once its reduce-adds have completed
-      // (not only read shared memory). See deterministic_turn.
       int const turn = deterministic_turn(p, m_block, n_block);
       CUTE_UNROLL
       for (int chunk = 0; chunk < Traits::kdQChunks; ++chunk) {
         pipeline_dq.consumer_wait(read);
         if (lane == 0) {
-          if (p.deterministic && chunk == 0) wait_turn(p.semaphore + tile, turn);
+          if (p.deterministic && chunk == 0) wait_turn(p.dq_arrivals + tile, turn);
           copy(p.tma_dq, tma_dq.partition_S(sdQ), tma_dq.partition_D(mdQ(_, _, tile * Traits::kdQChunks + chunk)));
           tma_store_arrive();
-          if (p.deterministic && chunk == Traits::kdQChunks - 1) {
-            pass_turn(p.semaphore + tile, turn + 1);
-          } else {
-            tma_store_wait<0>();  // the buffer has been read
-          }
+          tma_store_wait<0>();  // the buffer has been read
         }
         __syncwarp();
         pipeline_dq.consumer_release(read);
         ++read;
       }
+      if (lane == 0 && p.deterministic) {
+        wait_adds<0>();
+        pass_turn(p.dq_arrivals + tile, turn);
+      } else if (lane == 0 && late >= 0) {
+        wait_adds<Traits::kdQChunks>();
+        count_in(p.dq_arrivals + late);
+      }
+      late = tile;
+    }
+    if (lane == 0 && !p.deterministic && late >= 0) {
+      wait_adds<0>();
+      count_in(p.dq_arrivals + late);
     }
   }
 
@@ -240,8 +301,8 @@ struct Mainloop {
   // in registers. thread_idx counts the consumer threads from 0.
   template <class FragdKV>
   CUTE_DEVICE static void mma(Params const& p, SharedStorage& smem, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
-                              PipelinedQ& pipeline_dq, FragdKV& tdKrdK, FragdKV& tdVrdV, int n_block, int head,
-                              int batch, QueryRange range, int thread_idx) {
+                              PipelineLseD& pipeline_lse, PipelinedQ& pipeline_dq, FragdKV& tdKrdK, FragdKV& tdVrdV,
+                              int n_block, int head, int batch, QueryRange range, int thread_idx) {
     constexpr bool kSplitHeadDim = Traits::kSplitHeadDim;
     typename Traits::TiledMmaSdP tiled_mma_sdp;
     typename Traits::TiledMmadKV tiled_mma_dkv;
@@ -351,11 +412,12 @@ struct Mainloop {
       keys_gemm</*kZeroInit=*/true>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage_do), tdPrdP);
 
       // Line 9: P = exp(S - L), with the mask on the blocks that need it,
-      // while dP's GEMM runs.
+      // while dP's GEMM runs. LSE_i and D_i are in the stage of Q_i's number.
       warpgroup_wait<1>();
       if (last_partial || m_block < range.m_block_mask) mask.apply(tSrS, coords, m_block, n_block);
+      pipeline_lse.consumer_wait(read_q);
       float const* lse_log2 = smem.lse_log2.data() + stage_q * kBlockM;
-      float const* dpsum = smem.dpsum.data() + stage_do * kBlockM;
+      float const* dpsum = smem.dpsum.data() + stage_q * kBlockM;
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
         tSrS(i) = exp2f(fmaf(tSrS(i), p.scale_log2, -lse_log2[get<1>(coords(i))]));
@@ -402,10 +464,16 @@ struct Mainloop {
         warpgroup_wait<0>();
         add_dq(tdQrdQ_part, part, m_block, write_dq);
       }
+      if (consumers_add_dq(p)) {  // a token: dQ_i's atomics are issued, for write_dq to count them in
+        pipeline_dq.producer_acquire(write_dq);
+        pipeline_dq.producer_commit(write_dq);
+        ++write_dq;
+      }
       warpgroup_wait<0>();
       if constexpr (Traits::kStagesdO > 1) pipeline_do.consumer_release(read_do);
       ++read_do;
       pipeline_q.consumer_release(read_q);  // Q_i is read
+      pipeline_lse.consumer_release(read_q);
       ++read_q;
     }
   }

@@ -3,8 +3,10 @@
 // over each K/V head's group.
 #pragma once
 
+#include <cuda/atomic>
 #include <cute/tensor.hpp>
 
+#include "bwd/query_range.h"
 #include "bwd/traits.h"
 #include "common/dependent_launch.h"
 
@@ -13,9 +15,14 @@ namespace flash3::bwd {
 template <class Element>
 struct PostprocessParams {
   float const* dq_accum;  // tiles in the dQ accumulators' register order
+  int* dq_arrivals;       // per tile: the key blocks that have added to it (WorkspaceLayout)
+  int* ready;             // per head: the preprocess's items done (bwd/preprocess.h)
+  int ready_items;
+  int* done;              // this grid's finished CTAs
   Element* dq;
   int64_t dq_strides[3];  // batch, seq, head
   int seqlen_q;
+  int seqlen_k;
   int num_heads;
   int m_blocks;
   float softmax_scale;
@@ -25,6 +32,14 @@ struct PostprocessParams {
 // back the values that thread accumulated (float4s, coalesced) and knows their
 // (row, column) from the same MMA partition. The tile turns row-major in
 // shared memory, so that dQ leaves in 16-byte stores, whole rows at a time.
+//
+// The grid starts once every CTA of the main kernel has started, and each CTA
+// waits only until the preprocess has cleared its tile and the tile's key
+// blocks have all added to it (the counters are cleared before the
+// preprocess, bwd/launch.h): the conversion runs on the SMs the
+// main kernel's last wave frees, under that wave. The last CTA to finish
+// waits for the main kernel to complete, so that this grid's completion (on
+// which the next kernel on the stream waits) implies the main kernel's.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
     postprocess_dq_kernel(PostprocessParams<typename Traits::Element> const p) {
@@ -36,16 +51,24 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
   constexpr int kLd = kD + kVec;
   __shared__ alignas(16) Element tile[kM * kLd];
   let_dependents_start();
-  wait_for_earlier_grid();  // the main kernel's dQ sums
   int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   int const tid = threadIdx.x;
+  int64_t const t = (int64_t(batch) * p.num_heads + head) * p.m_blocks + m_block;
+  if (tid == 0) {
+    int const key_blocks =
+        last_key_block(m_block, kM, Traits::kBlockN, p.seqlen_q, p.seqlen_k, Traits::kCausal) + 1;
+    cuda::atomic_ref<int, cuda::thread_scope_device> const ready(p.ready[t / p.m_blocks]);
+    while (ready.load(cuda::memory_order_acquire) < p.ready_items) __nanosleep(256);
+    cuda::atomic_ref<int, cuda::thread_scope_device> const arrivals(p.dq_arrivals[t]);
+    while (arrivals.load(cuda::memory_order_acquire) < key_blocks) __nanosleep(256);
+  }
+  __syncthreads();
   Tensor coords = typename Traits::TiledMmadQ{}.get_thread_slice(tid).partition_C(
       make_identity_tensor(select<0, 1>(typename Traits::TileShapedQ{})));
-  int64_t const t = (int64_t(batch) * p.num_heads + head) * p.m_blocks + m_block;
   float const* src = p.dq_accum + t * Traits::kdQElements;
   CUTE_UNROLL
   for (int i = 0; i < size(coords); i += 4) {
-    float4 const v = *reinterpret_cast<float4 const*>(src + fragment_offset(tid, i, kThreads));
+    float4 const v = __ldcg(reinterpret_cast<float4 const*>(src + fragment_offset(tid, i, kThreads)));
     float const vals[4] = {v.x, v.y, v.z, v.w};
     CUTE_UNROLL
     for (int j = 0; j < 4; ++j) {
@@ -59,6 +82,12 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
     int const row = c / (kD / kVec), col = c % (kD / kVec) * kVec;
     *reinterpret_cast<uint4*>(dq + row * p.dq_strides[1] + col) =
         *reinterpret_cast<uint4 const*>(&tile[row * kLd + col]);
+  }
+  if (tid == 0) {
+    cuda::atomic_ref<int, cuda::thread_scope_device> const done(*p.done);
+    if (done.fetch_add(1, cuda::memory_order_relaxed) == int(gridDim.x * gridDim.y * gridDim.z) - 1) {
+      wait_for_earlier_grid();
+    }
   }
 }
 
@@ -83,7 +112,7 @@ constexpr int kSumGroupsThreads = 256;
 
 template <class Element>
 __global__ void __launch_bounds__(kSumGroupsThreads) sum_groups_kernel(SumGroupsParams<Element> const p) {
-  wait_for_earlier_grid();  // the postprocess, which waited for the main kernel's dK, dV sums
+  wait_for_earlier_grid();  // the postprocess, which ends after the main kernel's dK, dV sums
   int64_t const i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.elements) return;
   int const col = int(i % p.head_dim);

@@ -3,12 +3,22 @@
 // the producer copies one block of each with a single bulk copy. Padding rows
 // get D = 0 and LSE = +inf, which makes their P (and so everything they add
 // to dK and dV) zero. It also clears the dQ accumulator, head_dim floats per
-// row (the accumulator's tiles are bwd_block_m(head_dim) rows of head_dim floats each),
-// and the split tiles' counters and sums (bwd/tail_split.h).
+// row (the accumulator's tiles are bwd_block_m(head_dim) rows of head_dim floats each).
+//
+// It runs beside the main kernel: an eighth of the SMs take items of
+// kPreprocessItemRows rows of one (batch, head), in order, and count each
+// into the head's ready counter, on which the main kernel's CTAs of that head
+// wait (Mainloop::load_lse_d) while the kernel starts on the other SMs.
+// Before it on every SM (as it still runs for long calls without the mask,
+// bwd/launch.h), it took a fixed 93 us at 16k tokens (its bytes at copy
+// bandwidth), 14% of a 1k call.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#include <cuda/atomic>
 
 #include "common/dependent_launch.h"
 #include "flash3/flash3.h"
@@ -25,59 +35,92 @@ struct PreprocessParams {
   float* lse_log2;   // [batch, heads, padded_rows]
   float* dpsum;
   float* dq_accum;   // [batch, heads, padded_rows, head_dim] floats, cleared
-  uint4* split;      // WorkspaceLayout::split_arrivals on, split_vectors x 16 bytes, cleared
-  int64_t split_vectors;
-  int64_t rows;  // batch * heads * padded_rows
+  int* ready;        // [batch, heads]: items done, cleared before
   int padded_rows;
   int seqlen_q;
   int num_heads;
-  int head_dim;
+  int items_per_head;
+  int items;
 };
 
 // Eight threads per row, each reading 16 bytes of O and of dO per step and
 // clearing the row's accumulator with float4 stores: bandwidth-bound, so
 // every access is a full vector (O and dO are 16-byte aligned, d a multiple
-// of 8: validated).
-constexpr int kPreprocessThreads = 256;
+// of 8: validated), and each thread keeps about eight loads in flight, which
+// the few SMs need to reach the memory's bandwidth. (An eighth of the SMs
+// measured 0-2% faster calls than a quarter at 1k-2k, run 118.)
+constexpr int kPreprocessThreads = 1024;
 constexpr int kPreprocessThreadsPerRow = 8;
+constexpr int kPreprocessItemRows = 512;
 
-template <class Element>
+inline int preprocess_items_per_head(int padded_rows) {
+  return (padded_rows + kPreprocessItemRows - 1) / kPreprocessItemRows;
+}
+// Non-causal calls from this length on run the preprocess on every SM, before
+// the main kernel (bwd/launch.h).
+constexpr int64_t kPreprocessBesideBelow = 4096;
+inline int preprocess_ctas(int items, int num_sms, bool beside) {
+  return std::max(1, std::min(items, beside ? num_sms / 8 : num_sms));
+}
+
+template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(PreprocessParams<Element> const p) {
-  let_dependents_start();  // the main kernel's CTAs take the SMs this grid's last wave frees
+  let_dependents_start();  // the main kernel starts on the other SMs at once
   constexpr int kVec = 16 / sizeof(Element);
-  constexpr int kRowsPerCta = kPreprocessThreads / kPreprocessThreadsPerRow;
-  int64_t const row = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / kPreprocessThreadsPerRow;
+  constexpr int kVecs = (kHeadDim / kVec + kPreprocessThreadsPerRow - 1) / kPreprocessThreadsPerRow;  // a row's, per thread
+  constexpr int kRowsPerPass = kPreprocessThreads / kPreprocessThreadsPerRow;
+  constexpr int kPasses = kPreprocessItemRows / kRowsPerPass;
+  constexpr int kRowsAtOnce = kVecs >= 4 ? 1 : 4 / kVecs;  // rows whose loads are in flight together
+  static_assert(kPasses % kRowsAtOnce == 0);
   int const part = threadIdx.x % kPreprocessThreadsPerRow;
-  // Rows past the end stay for the warp's shuffles.
-  bool const valid = row < p.rows;
-  int64_t const bh = row / p.padded_rows;
-  int const q = int(row % p.padded_rows);
-  int const batch = int(bh / p.num_heads), head = int(bh % p.num_heads);
-  float d = 0.f;
-  if (valid && q < p.seqlen_q) {
-    Element const* o = p.o + batch * p.o_strides[0] + q * p.o_strides[1] + head * p.o_strides[2];
-    Element const* dout = p.dout + batch * p.do_strides[0] + q * p.do_strides[1] + head * p.do_strides[2];
-    for (int c = part * kVec; c < p.head_dim; c += kPreprocessThreadsPerRow * kVec) {
-      uint4 const ov = *reinterpret_cast<uint4 const*>(o + c);
-      uint4 const dov = *reinterpret_cast<uint4 const*>(dout + c);
-      Element const* oe = reinterpret_cast<Element const*>(&ov);
-      Element const* de = reinterpret_cast<Element const*>(&dov);
-      for (int e = 0; e < kVec; ++e) d += float(oe[e]) * float(de[e]);
+  for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
+    int const bh = item / p.items_per_head;
+    int const batch = bh / p.num_heads, head = bh % p.num_heads;
+    int const first = item % p.items_per_head * kPreprocessItemRows + threadIdx.x / kPreprocessThreadsPerRow;
+    Element const* o = p.o + batch * p.o_strides[0] + head * p.o_strides[2];
+    Element const* dout = p.dout + batch * p.do_strides[0] + head * p.do_strides[2];
+    for (int pass = 0; pass < kPasses; pass += kRowsAtOnce) {
+      uint4 ov[kRowsAtOnce][kVecs], dov[kRowsAtOnce][kVecs];
+      #pragma unroll
+      for (int r = 0; r < kRowsAtOnce; ++r) {
+        int const q = first + (pass + r) * kRowsPerPass;
+        #pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          int const c = (part + v * kPreprocessThreadsPerRow) * kVec;
+          bool const in = q < p.seqlen_q && c < kHeadDim;
+          ov[r][v] = in ? *reinterpret_cast<uint4 const*>(o + q * p.o_strides[1] + c) : make_uint4(0, 0, 0, 0);
+          dov[r][v] = in ? *reinterpret_cast<uint4 const*>(dout + q * p.do_strides[1] + c) : make_uint4(0, 0, 0, 0);
+        }
+      }
+      #pragma unroll
+      for (int r = 0; r < kRowsAtOnce; ++r) {
+        int const q = first + (pass + r) * kRowsPerPass;
+        float d = 0.f;
+        #pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          Element const* oe = reinterpret_cast<Element const*>(&ov[r][v]);
+          Element const* de = reinterpret_cast<Element const*>(&dov[r][v]);
+          #pragma unroll
+          for (int e = 0; e < kVec; ++e) d += float(oe[e]) * float(de[e]);
+        }
+        #pragma unroll
+        for (int offset = kPreprocessThreadsPerRow / 2; offset > 0; offset /= 2) {
+          d += __shfl_xor_sync(0xffffffffu, d, offset, kPreprocessThreadsPerRow);
+        }
+        if (q >= p.padded_rows) continue;
+        int64_t const row = int64_t(bh) * p.padded_rows + q;
+        float4* dq = reinterpret_cast<float4*>(p.dq_accum + row * kHeadDim);
+        for (int c = part; c < kHeadDim / 4; c += kPreprocessThreadsPerRow) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (part == 0) {
+          p.dpsum[row] = d;
+          p.lse_log2[row] = q < p.seqlen_q ? p.lse[int64_t(bh) * p.seqlen_q + q] * float(M_LOG2E) : INFINITY;
+        }
+      }
     }
-  }
-  for (int offset = kPreprocessThreadsPerRow / 2; offset > 0; offset /= 2) {
-    d += __shfl_xor_sync(0xffffffffu, d, offset, kPreprocessThreadsPerRow);
-  }
-  int64_t const threads = int64_t(gridDim.x) * kPreprocessThreads;
-  for (int64_t i = int64_t(blockIdx.x) * kPreprocessThreads + threadIdx.x; i < p.split_vectors; i += threads) {
-    p.split[i] = make_uint4(0, 0, 0, 0);
-  }
-  if (!valid) return;
-  float4* dq = reinterpret_cast<float4*>(p.dq_accum + row * p.head_dim);
-  for (int c = part; c < p.head_dim / 4; c += kPreprocessThreadsPerRow) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (part == 0) {
-    p.dpsum[row] = d;
-    p.lse_log2[row] = q < p.seqlen_q ? p.lse[bh * p.seqlen_q + q] * float(M_LOG2E) : INFINITY;
+    __syncthreads();  // the item's writes, released by its count
+    if (threadIdx.x == 0) {
+      cuda::atomic_ref<int, cuda::thread_scope_device>(p.ready[bh]).fetch_add(1, cuda::memory_order_release);
+    }
   }
 }
 

@@ -206,8 +206,9 @@ struct BwdTraits {
   using SmemLayoutdQ = Layout<Shape<_256, Int<kdQRows>>>;
   using TileShapedQAccum = Shape<_256, Int<kdQRows>>;
 
-  using PipelineQ = cutlass::PipelineTmaAsync<kStagesQ>;    // Q_i and LSE_i
-  using PipelinedO = cutlass::PipelineTmaAsync<kStagesdO>;  // dO_i and D_i
+  using PipelineQ = cutlass::PipelineTmaAsync<kStagesQ>;     // Q_i
+  using PipelinedO = cutlass::PipelineTmaAsync<kStagesdO>;   // dO_i
+  using PipelineLseD = cutlass::PipelineTmaAsync<kStagesQ>;  // LSE_i and D_i (Mainloop::load_lse_d)
   using PipelinedQ = cutlass::PipelineAsync<1>;             // consumers -> dq_writer: dQ_i in shared memory
 
   struct SharedStorage {
@@ -219,9 +220,10 @@ struct BwdTraits {
     cute::array_aligned<Element, kSplitHeadDim ? cosize_v<SmemLayoutdS> : 0, 1024> p;
     cute::array_aligned<float, kdQElements / kdQChunks, 128> dq;
     cute::array_aligned<float, kBlockM * kStagesQ, 16> lse_log2;
-    cute::array_aligned<float, kBlockM * kStagesdO, 16> dpsum;
+    cute::array_aligned<float, kBlockM * kStagesQ, 16> dpsum;
     typename PipelineQ::SharedStorage pipeline_q;
     typename PipelinedO::SharedStorage pipeline_do;
+    typename PipelineLseD::SharedStorage pipeline_lse;
     typename PipelinedQ::SharedStorage pipeline_dq;
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
     int arrival;  // a split tile's part: how many parts had arrived before it

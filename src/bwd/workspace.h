@@ -24,13 +24,21 @@ struct WorkspaceLayout {
   size_t dq_accum = 0;   // float [batch, heads_q, m_blocks, block_m * head_dim], tiles in register order
   size_t lse_log2 = 0;   // float [batch, heads_q, m_blocks * block_m]: LSE * log2(e), +inf past seqlen_q
   size_t dpsum = 0;      // float, same shape: D = rowsum(dO * O), 0 past seqlen_q
-  size_t semaphore = 0;  // int [batch, heads_q, m_blocks]: deterministic mode's dQ turn counters
   size_t dk_accum = 0;   // float [batch, heads_q, seqlen_k, head_dim], GQA/MQA only: dK per query head
   size_t dv_accum = 0;   // float, same shape: dV per query head
+  // From here on cleared before the preprocess (the split sums' used part):
+  // int [batch, heads_q]: the preprocess's items done per head (the main
+  // kernel's CTAs of a head wait for all); int [batch, heads_q, m_blocks]:
+  // how many key blocks have added to each dQ tile (deterministic mode's
+  // turns; the postprocess converts a tile once all have); one int counting
+  // the postprocess's finished CTAs.
+  size_t ready = 0;
+  size_t dq_arrivals = 0;
+  size_t post_done = 0;
   // Without the causal mask or deterministic mode, the split tiles of the
   // last wave (bwd/tail_split.h): int [split_tiles] arrival counters, then
   // float [split_tiles, 2 (dK, dV), block_n * head_dim] sums in the
-  // accumulators' register order; the used part cleared by the preprocess.
+  // accumulators' register order.
   size_t split_arrivals = 0;
   size_t split_sums = 0;
   int split_tiles = 0;   // capacity
@@ -53,11 +61,13 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t seqlen_q, int64_t
   w.dq_accum = take(size_t(rows * head_dim) * sizeof(float));
   w.lse_log2 = take(size_t(rows) * sizeof(float));
   w.dpsum = take(size_t(rows) * sizeof(float));
-  w.semaphore = take(deterministic ? size_t(batch * heads_q * w.m_blocks) * sizeof(int) : 0);
   bool const grouped = heads_q != heads_kv;
   size_t const kv_accum = grouped ? size_t(batch * heads_q * seqlen_k * head_dim) * sizeof(float) : 0;
   w.dk_accum = take(kv_accum);
   w.dv_accum = take(kv_accum);
+  w.ready = take(size_t(batch * heads_q) * sizeof(int));
+  w.dq_arrivals = take(size_t(batch * heads_q * w.m_blocks) * sizeof(int));
+  w.post_done = take(sizeof(int));
   if (!causal && !deterministic) {
     int64_t const tiles = (seqlen_k + bwd_block_n(head_dim) - 1) / bwd_block_n(head_dim) * heads_q * batch;
     w.split_tiles = int(tiles < kMaxSplitTiles ? tiles : kMaxSplitTiles);
