@@ -196,6 +196,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   post.ready = pre.ready;
   post.ready_items = pre.items_per_head;
   post.done = reinterpret_cast<int*>(ws + w.post_done);
+  post.deterministic = a.deterministic;
   post.dq = static_cast<Element*>(a.dq.data);
   strides_of(a.dq, post.dq_strides);
   post.seqlen_q = int(a.seqlen_q);

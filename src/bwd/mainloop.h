@@ -181,10 +181,13 @@ struct Mainloop {
   // the SS GEMMs for its bandwidth (measured +5%).
   CUTE_DEVICE static bool consumers_add_dq(Params const& p) { return Traits::kdQAtomic && !p.deterministic; }
 
-  // Each dQ tile counts the key blocks that have added to it: the
-  // postprocess converts the tile once all have, and deterministic mode adds
-  // in turns, key block by key block (deterministic_turn), each waiting for
-  // the count to reach its turn.
+  // Each dQ tile counts the key blocks that have added to it: deterministic
+  // mode adds in turns, key block by key block (deterministic_turn), each
+  // waiting for the count to reach its turn, and with the causal mask the
+  // postprocess converts the tile once all have (bwd/postprocess.h). Without
+  // the mask, where the split last wave (bwd/tail_split.h) leaves little to
+  // convert under, counting measured 0.97-0.99 at head dim 64 (runs 115-119).
+  CUTE_DEVICE static bool counts_arrivals(Params const& p) { return Traits::kCausal || p.deterministic; }
   CUTE_DEVICE static void wait_turn(int* arrivals, int turn) {
     cuda::atomic_ref<int, cuda::thread_scope_device> const count(*arrivals);
     while (count.load(cuda::memory_order_acquire) != turn) {
@@ -221,9 +224,10 @@ struct Mainloop {
 
   // Algorithm 3, line 14's accumulation, off the consumers' path: each dQ_i
   // the consumers leave in shared memory is added to the global fp32
-  // accumulator with one TMA reduce-add per chunk, and counted in. Where the
-  // consumers add dQ_i themselves, they pass a token per query block once
-  // their atomics are issued, and this warp counts those in.
+  // accumulator with one TMA reduce-add per chunk, and counted in where the
+  // counts serve (counts_arrivals). Where the consumers add dQ_i themselves,
+  // they pass a token per query block once their atomics are issued, and this
+  // warp counts those in.
   CUTE_DEVICE static void write_dq(Params const& p, SharedStorage& smem, PipelinedQ& pipeline_dq, int n_block,
                                    int head, int batch, QueryRange range, int lane) {
     Tensor mdQ = p.tma_dq.get_tma_tensor(make_shape(_256{}, Int<Traits::kdQRows>{}, p.dq_tiles * Traits::kdQChunks));
@@ -231,6 +235,7 @@ struct Mainloop {
     auto tma_dq = p.tma_dq.get_slice(_0{});
     PipelinedQState read;
     if (consumers_add_dq(p)) {
+      if (!counts_arrivals(p)) return;
       for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
         pipeline_dq.consumer_wait(read);
         pipeline_dq.consumer_release(read);
@@ -268,7 +273,7 @@ struct Mainloop {
         wait_adds<Traits::kdQChunks>();
         count_in(p.dq_arrivals + late);
       }
-      late = tile;
+      if (counts_arrivals(p)) late = tile;
     }
     if (lane == 0 && !p.deterministic && late >= 0) {
       wait_adds<0>();
@@ -464,7 +469,7 @@ struct Mainloop {
         warpgroup_wait<0>();
         add_dq(tdQrdQ_part, part, m_block, write_dq);
       }
-      if (consumers_add_dq(p)) {  // a token: dQ_i's atomics are issued, for write_dq to count them in
+      if (consumers_add_dq(p) && counts_arrivals(p)) {  // a token: dQ_i's atomics are issued, for write_dq
         pipeline_dq.producer_acquire(write_dq);
         pipeline_dq.producer_commit(write_dq);
         ++write_dq;

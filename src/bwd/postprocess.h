@@ -19,6 +19,7 @@ struct PostprocessParams {
   int* ready;             // per head: the preprocess's items done (bwd/preprocess.h)
   int ready_items;
   int* done;              // this grid's finished CTAs
+  bool deterministic;
   Element* dq;
   int64_t dq_strides[3];  // batch, seq, head
   int seqlen_q;
@@ -33,13 +34,15 @@ struct PostprocessParams {
 // (row, column) from the same MMA partition. The tile turns row-major in
 // shared memory, so that dQ leaves in 16-byte stores, whole rows at a time.
 //
-// The grid starts once every CTA of the main kernel has started, and each CTA
-// waits only until the preprocess has cleared its tile and the tile's key
-// blocks have all added to it (the counters are cleared before the
-// preprocess, bwd/launch.h): the conversion runs on the SMs the
-// main kernel's last wave frees, under that wave. The last CTA to finish
-// waits for the main kernel to complete, so that this grid's completion (on
-// which the next kernel on the stream waits) implies the main kernel's.
+// The grid starts once every CTA of the main kernel has started. Where the key
+// blocks count themselves in (Mainloop::counts_arrivals), each CTA waits only
+// until the preprocess has cleared its tile and the tile's key blocks have
+// all added to it (the counters are cleared before the preprocess,
+// bwd/launch.h): the conversion runs on the SMs the main kernel's last wave
+// frees, under that wave, and the last CTA to finish waits for the main
+// kernel to complete, so that this grid's completion (on which the next
+// kernel on the stream waits) implies the main kernel's. Otherwise each CTA
+// waits for the main kernel to complete.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
     postprocess_dq_kernel(PostprocessParams<typename Traits::Element> const p) {
@@ -54,7 +57,10 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
   int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   int const tid = threadIdx.x;
   int64_t const t = (int64_t(batch) * p.num_heads + head) * p.m_blocks + m_block;
-  if (tid == 0) {
+  bool const counted = Traits::kCausal || p.deterministic;
+  if (!counted) {
+    wait_for_earlier_grid();  // the main kernel's dQ sums
+  } else if (tid == 0) {
     int const key_blocks =
         last_key_block(m_block, kM, Traits::kBlockN, p.seqlen_q, p.seqlen_k, Traits::kCausal) + 1;
     cuda::atomic_ref<int, cuda::thread_scope_device> const ready(p.ready[t / p.m_blocks]);
@@ -83,7 +89,7 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
     *reinterpret_cast<uint4*>(dq + row * p.dq_strides[1] + col) =
         *reinterpret_cast<uint4 const*>(&tile[row * kLd + col]);
   }
-  if (tid == 0) {
+  if (counted && tid == 0) {
     cuda::atomic_ref<int, cuda::thread_scope_device> const done(*p.done);
     if (done.fetch_add(1, cuda::memory_order_relaxed) == int(gridDim.x * gridDim.y * gridDim.z) - 1) {
       wait_for_earlier_grid();
