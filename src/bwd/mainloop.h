@@ -415,12 +415,14 @@ struct Mainloop {
       pipeline_do.consumer_wait(read_do);
       int const stage_do = read_do.index();
       keys_gemm</*kZeroInit=*/true>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage_do), tdPrdP);
+      // LSE_i and D_i, in the stage of Q_i's number. (Waited for after S's
+      // GEMM, the wait kept ptxas from reading LSE_i ahead of it.)
+      pipeline_lse.consumer_wait(read_q);
 
       // Line 9: P = exp(S - L), with the mask on the blocks that need it,
-      // while dP's GEMM runs. LSE_i and D_i are in the stage of Q_i's number.
+      // while dP's GEMM runs.
       warpgroup_wait<1>();
       if (last_partial || m_block < range.m_block_mask) mask.apply(tSrS, coords, m_block, n_block);
-      pipeline_lse.consumer_wait(read_q);
       float const* lse_log2 = smem.lse_log2.data() + stage_q * kBlockM;
       float const* dpsum = smem.dpsum.data() + stage_q * kBlockM;
       CUTE_UNROLL
