@@ -181,13 +181,11 @@ struct Mainloop {
   // the SS GEMMs for its bandwidth (measured +5%).
   CUTE_DEVICE static bool consumers_add_dq(Params const& p) { return Traits::kdQAtomic && !p.deterministic; }
 
-  // Each dQ tile counts the key blocks that have added to it: deterministic
-  // mode adds in turns, key block by key block (deterministic_turn), each
-  // waiting for the count to reach its turn, and with the causal mask the
-  // postprocess converts the tile once all have (bwd/postprocess.h). Without
-  // the mask, where the split last wave (bwd/tail_split.h) leaves little to
-  // convert under, counting measured 0.97-0.99 at head dim 64 (runs 115-119).
-  CUTE_DEVICE static bool counts_arrivals(Params const& p) { return Traits::kCausal || p.deterministic; }
+  // Each dQ tile counts the key blocks that have added to it, where the
+  // counts serve (BwdTraits::counts_arrivals): deterministic mode adds in
+  // turns, key block by key block (deterministic_turn), each waiting for the
+  // count to reach its turn; the postprocess converts the tile once all have.
+  CUTE_DEVICE static bool counts_arrivals(Params const& p) { return Traits::counts_arrivals(p.deterministic); }
   CUTE_DEVICE static void wait_turn(int* arrivals, int turn) {
     cuda::atomic_ref<int, cuda::thread_scope_device> const count(*arrivals);
     while (count.load(cuda::memory_order_acquire) != turn) {

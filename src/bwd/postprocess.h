@@ -35,7 +35,7 @@ struct PostprocessParams {
 // shared memory, so that dQ leaves in 16-byte stores, whole rows at a time.
 //
 // The grid starts once every CTA of the main kernel has started. Where the key
-// blocks count themselves in (Mainloop::counts_arrivals), each CTA waits only
+// blocks count themselves in (BwdTraits::counts_arrivals), each CTA waits only
 // until the preprocess has cleared its tile and the tile's key blocks have
 // all added to it (the counters are cleared before the preprocess,
 // bwd/launch.h): the conversion runs on the SMs the main kernel's last wave
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
   int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   int const tid = threadIdx.x;
   int64_t const t = (int64_t(batch) * p.num_heads + head) * p.m_blocks + m_block;
-  bool const counted = Traits::kCausal || p.deterministic;
+  bool const counted = Traits::counts_arrivals(p.deterministic);
   if (!counted) {
     wait_for_earlier_grid();  // the main kernel's dQ sums
   } else if (tid == 0) {

@@ -92,6 +92,13 @@ struct BwdTraits {
   static constexpr int kdQChunks = kHeadDim > 192 ? 8 : 1;
   // ... or, unless deterministic, the consumers add it with atomics (Mainloop::consumers_add_dq).
   static constexpr bool kdQAtomic = kHeadDim > 192;
+  // Whether key blocks count themselves into each dQ tile's arrivals: for
+  // deterministic mode's turns, and with the causal mask for the postprocess
+  // to convert tiles under the main kernel's last wave (bwd/postprocess.h).
+  // Without the mask, where the split last wave (bwd/tail_split.h) leaves
+  // little to convert under, counting measured 0.97-0.99 at head dim 64
+  // (runs 115-120).
+  static constexpr bool counts_arrivals(bool deterministic) { return kCausal || deterministic; }
   // dQ_i's GEMM in parts of its columns, one part's registers live at a time
   // (with the queries on the rows they would not fit beside dK^T and dV^T).
   static constexpr int kdQParts = kQueriesOnRows ? 2 : 1;
