@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: GPU tests, compute-sanitizer, the benchmark
 # sweep, the Table 2 ablation and the SDPA peers, logs under $OUT, a short
-# summary last (the logs themselves in $OUT/logs.tgz). Binaries are built on
+# summary last with the SM clock during the timed stages (the logs themselves
+# in $OUT/logs.tgz). Binaries are built on
 # the workstation and carried in .device/
 # (scripts/stage_device.sh).
 #   scripts/device_run.sh [stage ...]   stages: test sanitize bench bwd fp8 ablation compare (default: all)
@@ -60,6 +61,15 @@ if has sanitize; then
   done
 fi
 
+# The clocks while the timed stages run (scripts/clock_summary.py: the lent
+# cards run power-capped on long shapes, performance record run 126).
+sampler=
+if has bench || has bwd || has fp8 || has ablation || has compare; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv,noheader -lms 200 >"$OUT/clocks.csv" 2>/dev/null &
+  sampler=$!
+fi
+
 if has bench; then
   timeout 400 $B/flash3-bench --json "$OUT/bench.json" >"$OUT/bench.txt" 2>"$OUT/bench.err"
   summary+=("bench rc=$?")
@@ -91,6 +101,11 @@ jsons=$(ls "$OUT"/bench.json "$OUT"/bench_bwd.json "$OUT"/bench_fp8.json 2>/dev/
 if has compare && [ -n "$jsons" ]; then
   timeout 400 python3 bench/compare_sdpa.py --flash3-json $jsons >"$OUT/compare.txt" 2>"$OUT/compare.err"
   summary+=("compare rc=$?")
+fi
+
+if [ -n "$sampler" ]; then
+  kill "$sampler" 2>/dev/null
+  summary+=("$(python3 scripts/clock_summary.py "$OUT/clocks.csv")")
 fi
 
 echo
