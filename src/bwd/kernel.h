@@ -127,7 +127,7 @@ struct Kernel {
       QueryRange const range = range_of(params, w);
       if (producer) {
         // Producer (lines 3-4, 6).
-        MainloopT::load(mp, smem, pipeline_q, pipeline_do, w.n_block, w.head, w.batch, range, cute::elect_one_sync());
+        MainloopT::load(mp, smem, pipeline_q, pipeline_do, w.n_block, w.head, w.batch, range);
       } else if (warp_in_group == 1) {
         MainloopT::write_dq(mp, smem, pipeline_dq, w.n_block, w.head, w.batch, range,
                             threadIdx.x % cutlass::NumThreadsPerWarp);

@@ -89,9 +89,10 @@ struct Mainloop {
 
   // ---------------------------------------------------------------- producer
   // Algorithm 3, lines 3-4 and 6: K_j and V_j once, then Q_i and dO_i into
-  // their circular buffers. One warp; `leader` issues.
+  // their circular buffers. One warp; an elected lane issues (as in
+  // load_lse_d).
   CUTE_DEVICE static void load(Params const& p, SharedStorage& smem, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
-                               int n_block, int head, int batch, QueryRange range, bool leader) {
+                               int n_block, int head, int batch, QueryRange range) {
     int const head_kv = head / p.head_group;
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
     Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
@@ -117,7 +118,7 @@ struct Mainloop {
     Tensor tdOgdO = tma_do.partition_S(gdO);
     Tensor tdOsdO = tma_do.partition_D(sdO);
 
-    if (leader) {
+    if (cute::elect_one_sync()) {
       smem.barrier_kv.arrive_and_expect_tx(kKVBytes);
       auto& bar = reinterpret_cast<uint64_t&>(smem.barrier_kv);
       copy(p.tma_k.with(bar), tma_k.partition_S(gK), tma_k.partition_D(sK));
@@ -127,13 +128,13 @@ struct Mainloop {
     auto write_do = cutlass::make_producer_start_state<PipelinedO>();
     for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
       pipeline_q.producer_acquire(write_q);
-      if (leader) {
+      if (cute::elect_one_sync()) {
         copy(p.tma_q.with(*pipeline_q.producer_get_barrier(write_q)), tQgQ(_, _, _, m_block),
              tQsQ(_, _, _, write_q.index()));
       }
       ++write_q;
       pipeline_do.producer_acquire(write_do);
-      if (leader) {
+      if (cute::elect_one_sync()) {
         copy(p.tma_do.with(*pipeline_do.producer_get_barrier(write_do)), tdOgdO(_, _, _, m_block),
              tdOsdO(_, _, _, write_do.index()));
       }
