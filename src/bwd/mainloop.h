@@ -3,11 +3,11 @@
 // dQ into global memory.
 #pragma once
 
-#include <cuda/atomic>
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "bwd/counters.h"
 #include "bwd/mask.h"
 #include "bwd/query_range.h"
 #include "bwd/traits.h"
@@ -155,9 +155,7 @@ struct Mainloop {
   CUTE_DEVICE static void load_lse_d(Params const& p, SharedStorage& smem, PipelineLseD& pipeline, int head,
                                      int batch, QueryRange range) {
     if (cute::elect_one_sync()) {
-      cuda::atomic_ref<int, cuda::thread_scope_device> const ready(p.ready[batch * p.num_heads + head]);
-      while (ready.load(cuda::memory_order_acquire) < p.ready_items) {
-      }
+      wait_at_least(p.ready + batch * p.num_heads + head, p.ready_items);
       asm volatile("fence.proxy.async.global;" ::: "memory");  // read by bulk copies (async proxy)
     }
     __syncwarp();
@@ -182,15 +180,14 @@ struct Mainloop {
   // the SS GEMMs for its bandwidth (measured +5%).
   CUTE_DEVICE static bool consumers_add_dq(Params const& p) { return Traits::kdQAtomic && !p.deterministic; }
 
-  // Each dQ tile counts the key blocks that have added to it, where the
-  // counts serve (BwdTraits::counts_arrivals): deterministic mode adds in
-  // turns, key block by key block (deterministic_turn), each waiting for the
-  // count to reach its turn; the postprocess converts the tile once all have.
+  // Each dQ tile counts the key blocks that have added to it (count_in),
+  // where the counts serve (BwdTraits::counts_arrivals): deterministic mode
+  // adds in turns, key block by key block (deterministic_turn), each waiting
+  // for the count to reach its turn (which no later key block can pass
+  // before it); the postprocess converts the tile once all have.
   CUTE_DEVICE static bool counts_arrivals(Params const& p) { return Traits::counts_arrivals(p.deterministic); }
   CUTE_DEVICE static void wait_turn(int* arrivals, int turn) {
-    cuda::atomic_ref<int, cuda::thread_scope_device> const count(*arrivals);
-    while (count.load(cuda::memory_order_acquire) != turn) {
-    }
+    wait_at_least(arrivals, turn);
     asm volatile("fence.proxy.async.global;" ::: "memory");  // then the reduce-add (async proxy)
   }
   // The TMA reduce-adds issued so far, all but the newest kPending bulk
@@ -200,14 +197,6 @@ struct Mainloop {
   CUTE_DEVICE static void wait_adds() {
     asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
     asm volatile("fence.proxy.async.global;" ::: "memory");
-  }
-  // Counts this key block in: its adds, which precede the call, are released
-  // with the count.
-  CUTE_DEVICE static void count_in(int* arrivals) {
-    cuda::atomic_ref<int, cuda::thread_scope_device>(*arrivals).fetch_add(1, cuda::memory_order_release);
-  }
-  CUTE_DEVICE static void pass_turn(int* arrivals, int turn) {
-    cuda::atomic_ref<int, cuda::thread_scope_device>(*arrivals).store(turn + 1, cuda::memory_order_release);
   }
 
   // The key blocks that visit query block m are 0, 1, ..., last_key_block(m).
@@ -266,8 +255,8 @@ struct Mainloop {
         ++read;
       }
       if (lane == 0 && p.deterministic) {
-        wait_adds<0>();
-        pass_turn(p.dq_arrivals + tile, turn);
+        wait_adds<0>();  // the adds complete, released with the count: the next turn
+        count_in(p.dq_arrivals + tile);
       } else if (lane == 0 && late >= 0) {
         wait_adds<Traits::kdQChunks>();
         count_in(p.dq_arrivals + late);

@@ -6,6 +6,7 @@
 #include <cuda/atomic>
 #include <cute/tensor.hpp>
 
+#include "bwd/counters.h"
 #include "bwd/query_range.h"
 #include "bwd/traits.h"
 #include "common/dependent_launch.h"
@@ -63,10 +64,8 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
   } else if (tid == 0) {
     int const key_blocks =
         last_key_block(m_block, kM, Traits::kBlockN, p.seqlen_q, p.seqlen_k, Traits::kCausal) + 1;
-    cuda::atomic_ref<int, cuda::thread_scope_device> const ready(p.ready[t / p.m_blocks]);
-    while (ready.load(cuda::memory_order_acquire) < p.ready_items) __nanosleep(256);
-    cuda::atomic_ref<int, cuda::thread_scope_device> const arrivals(p.dq_arrivals[t]);
-    while (arrivals.load(cuda::memory_order_acquire) < key_blocks) __nanosleep(256);
+    wait_at_least<256>(p.ready + t / p.m_blocks, p.ready_items);
+    wait_at_least<256>(p.dq_arrivals + t, key_blocks);
   }
   __syncthreads();
   Tensor coords = typename Traits::TiledMmadQ{}.get_thread_slice(tid).partition_C(

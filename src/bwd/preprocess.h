@@ -18,8 +18,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include <cuda/atomic>
-
+#include "bwd/counters.h"
 #include "common/dependent_launch.h"
 #include "flash3/flash3.h"
 
@@ -119,7 +118,7 @@ __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(Preproce
     }
     __syncthreads();  // the item's writes, released by its count
     if (threadIdx.x == 0) {
-      cuda::atomic_ref<int, cuda::thread_scope_device>(p.ready[bh]).fetch_add(1, cuda::memory_order_release);
+      count_in(p.ready + bh);
     }
   }
 }
