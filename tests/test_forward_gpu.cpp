@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "api/device.h"
+#include "common/tile_counter.h"
 #include "flash3/flash3.h"
 #include "gpu_test_util.h"
 #include "reference.h"

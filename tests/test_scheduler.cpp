@@ -1,6 +1,6 @@
-// The kernels' host-side arithmetic, checked on the CPU: the tile scheduler,
-// the key- and query-block ranges, the backward's workspace and last-wave
-// split, the register splits.
+// The kernels' host-side arithmetic, checked on the CPU: the tile order and
+// scheduler, the mask policy's key- and query-block ranges, the backward's
+// workspace and last-wave split, the register splits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/mask.h"
 #include "common/registers.h"
 #include "common/tile_scheduler.h"
-#include "bwd/query_range.h"
 #include "bwd/tail_split.h"
 #include "bwd/workspace.h"
 #include "fwd/block_range.h"
@@ -21,15 +21,17 @@
 namespace {
 
 using flash3::BlockRange;
+using flash3::MaskPolicy;
+using flash3::QueryRange;
 using flash3::TileCoord;
-using flash3::TileScheduler;
+using flash3::TileOrder;
 
-TEST(TileScheduler, EveryTileExactlyOnce) {
+TEST(TileOrder, EveryTileExactlyOnce) {
   for (int m : {1, 3, 17}) {
     for (int h : {1, 5, 16}) {
       for (int b : {1, 2, 7}) {
         for (int64_t kv_bytes : {int64_t(1), int64_t(1) << 20, int64_t(1) << 40}) {
-          auto s = TileScheduler::make(m, h, b, kv_bytes, 50 << 20);
+          auto s = TileOrder::make(m, h, b, kv_bytes, 50 << 20);
           ASSERT_EQ(s.num_tiles(), m * h * b);
           std::set<std::tuple<int, int, int>> seen;
           for (int t = 0; t < s.num_tiles(); ++t) {
@@ -49,10 +51,10 @@ TEST(TileScheduler, EveryTileExactlyOnce) {
   }
 }
 
-TEST(TileScheduler, LongestFirstWithinEachSection) {
+TEST(TileOrder, LongestFirstWithinEachSection) {
   // 4 heads of K/V fit the L2 budget: sections of 4 (batch, head) pairs.
   int64_t const l2 = 8 << 20;
-  auto s = TileScheduler::make(8, 6, 2, (l2 / 2) / 4, l2);
+  auto s = TileOrder::make(8, 6, 2, (l2 / 2) / 4, l2);
   ASSERT_EQ(s.heads_per_section, 4);
   int const pairs_in_first = 4;
   for (int t = 1; t < 8 * pairs_in_first; ++t) {
@@ -66,27 +68,27 @@ TEST(TileScheduler, LongestFirstWithinEachSection) {
   EXPECT_NE(s.tile(1).head, s.tile(0).head);
 }
 
-TEST(TileScheduler, CausalSectionsLongEnoughForTheirLongestTile) {
+TEST(TileOrder, CausalSectionsLongEnoughForTheirLongestTile) {
   // 132 CTAs, 64 M-blocks: a section of three pairs would leave its longest
   // tile running nearly alone at the end; causal sections hold
   // ceil(4 * 132 / 64) = 9 pairs even though the L2 budget fits 3 ...
   int64_t const l2 = 50 << 20;
-  EXPECT_EQ(TileScheduler::make(64, 8, 2, 4 << 20, l2).heads_per_section, 6);
-  EXPECT_EQ(TileScheduler::make(64, 8, 2, 4 << 20, l2, /*causal=*/true, 132).heads_per_section, 8);  // 9, made equal
+  EXPECT_EQ(TileOrder::make(64, 8, 2, 4 << 20, l2).heads_per_section, 6);
+  EXPECT_EQ(TileOrder::make(64, 8, 2, 4 << 20, l2, /*causal=*/true, 132).heads_per_section, 8);  // 9, made equal
   // ... but no more than the whole L2 holds (6 pairs of 8 MB, not 9).
   int64_t const kv_bytes = 8 << 20;
-  EXPECT_EQ(TileScheduler::make(64, 8, 2, kv_bytes, l2).heads_per_section, 3);
-  EXPECT_EQ(TileScheduler::make(64, 8, 2, kv_bytes, l2, true, 132).heads_per_section, 6);
+  EXPECT_EQ(TileOrder::make(64, 8, 2, kv_bytes, l2).heads_per_section, 3);
+  EXPECT_EQ(TileOrder::make(64, 8, 2, kv_bytes, l2, true, 132).heads_per_section, 6);
   // Never more than there are pairs; a budget that fits more stays.
-  EXPECT_EQ(TileScheduler::make(2, 8, 2, 1 << 20, l2, true, 132).heads_per_section, 16);
-  EXPECT_EQ(TileScheduler::make(64, 8, 2, 1 << 20, l2, true, 132).heads_per_section, 16);
+  EXPECT_EQ(TileOrder::make(2, 8, 2, 1 << 20, l2, true, 132).heads_per_section, 16);
+  EXPECT_EQ(TileOrder::make(64, 8, 2, 1 << 20, l2, true, 132).heads_per_section, 16);
 }
 
-TEST(TileScheduler, SectionsOfEqualSize) {
+TEST(TileOrder, SectionsOfEqualSize) {
   // 25 pairs, 10 fit the budget: three sections of 9, 9 and 7 pairs rather
   // than 10, 10 and 5.
   int64_t const l2 = 50 << 20;
-  auto s = TileScheduler::make(4, 25, 1, (l2 / 2) / 10, l2);
+  auto s = TileOrder::make(4, 25, 1, (l2 / 2) / 10, l2);
   EXPECT_EQ(s.heads_per_section, 9);
   EXPECT_EQ(s.tile(9 * 4).head, 9);  // the second section starts at pair 9
   EXPECT_EQ(s.tile(2 * 9 * 4 + 7 * 4 - 1).head, 24);
@@ -119,10 +121,8 @@ std::set<std::pair<int, int>> forward_tiles() {
   for (bool fp8 : {false, true}) {
     for (int d : {64, 96, 128, 192, 256}) {
       if (fp8 && (d == 96 || d == 192)) continue;
-      for (bool causal : {false, true}) {
-        flash3::fwd::TileSize const t = flash3::fwd::tile_size(d, fp8, causal);
-        tiles.insert({t.block_m, t.block_n});
-      }
+      flash3::fwd::TileSize const t = flash3::fwd::tile_size(d, fp8);
+      tiles.insert({t.block_m, t.block_n});
     }
   }
   return tiles;
@@ -146,7 +146,7 @@ TEST(BlockRange, MatchesBruteForce) {
               std::string const where = std::to_string(causal) + " " + std::to_string(bm) + "x" + std::to_string(bn) +
                                         " " + std::to_string(sq) + " " + std::to_string(sk) + " " + std::to_string(m) +
                                         " offset " + std::to_string(off);
-              BlockRange got = flash3::block_range(m, bm, bn, sq, sk, causal, off);
+              BlockRange got = flash3::block_range(MaskPolicy{sq, sk, causal}, m, bm, bn, off);
               BlockRange want = brute_force(m, bm, bn, sq, sk, causal, off);
               ASSERT_EQ(got.n_block_max, want.n_block_max) << where;
               if (want.n_block_max > 0) {
@@ -174,13 +174,13 @@ TEST(BlockRange, WarpgroupRangeMatchesBruteForce) {
         for (int sq : {1, 7, 64, 65, 200, 513}) {
           for (int sk : {1, 7, 128, 200, 513, 1000}) {
             for (int m = 0; m * bm - off < sq; ++m) {
-              int const tile_max = flash3::block_range(m, bm, bn, sq, sk, causal, off).n_block_max;
+              int const tile_max = flash3::block_range(MaskPolicy{sq, sk, causal}, m, bm, bn, off).n_block_max;
               for (int g = 0; g < bm / 64; ++g) {
                 std::string const where = std::to_string(causal) + " " + std::to_string(bm) + "x" +
                                           std::to_string(bn) + " " + std::to_string(sq) + " " + std::to_string(sk) +
                                           " m " + std::to_string(m) + " group " + std::to_string(g) + " offset " +
                                           std::to_string(off);
-                BlockRange const got = flash3::warpgroup_block_range(m, bm, g, bn, sq, sk, causal, off);
+                BlockRange const got = flash3::warpgroup_block_range(MaskPolicy{sq, sk, causal}, m, bm, g, bn, off);
                 // Rows m * bm + 64 g - off ... + 63 are brute_force's 64-row block m * bm / 64 + g - off / 64
                 // (empty when negative).
                 int const block = m * bm / 64 + g - off / 64;
@@ -228,7 +228,7 @@ TEST(QueryRange, MatchesBruteForce) {
         for (int sk : {1, 7, 128, 200, 513, 1000}) {
           for (int n = 0; n * bn < sk; ++n) {
             int const m_blocks = flash3::div_up(sq, bm);
-            flash3::bwd::QueryRange const got = flash3::bwd::query_range(n, bm, bn, sq, sk, m_blocks, causal);
+            flash3::QueryRange const got = MaskPolicy{sq, sk, causal}.query_blocks(n, bm, bn, m_blocks);
             int lo = -1, hi = -1, first_unmasked = -1;
             for (int m = 0; m * bm < sq; ++m) {
               bool any_visible = false, any_masked = false;
@@ -248,8 +248,8 @@ TEST(QueryRange, MatchesBruteForce) {
                                       std::to_string(n);
             for (int m = 0; m * bm < sq; ++m) {
               // The last key block query block m sees: a visit of (m, n) happens iff n <= it.
-              int const last = flash3::bwd::last_key_block(m, bm, bn, sq, sk, causal);
-              flash3::bwd::QueryRange const r = flash3::bwd::query_range(n, bm, bn, sq, sk, m_blocks, causal);
+              int const last = MaskPolicy{sq, sk, causal}.last_key_block(m, bm, bn);
+              flash3::QueryRange const r = MaskPolicy{sq, sk, causal}.query_blocks(n, bm, bn, m_blocks);
               ASSERT_EQ(n <= last, m >= r.m_block_min && m < r.m_block_max) << where << " m " << m;
             }
             if (lo < 0) {
@@ -362,16 +362,59 @@ TEST(RegisterSplit, FitsTheLaunchAllocation) {
   EXPECT_FALSE(flash3::fits_launch_registers(512, 128, 40, 160));
 }
 
-// FP8's scale blocks hold whole key blocks of both masks' kernels.
-TEST(Fp8ScaleBlocks, WholeTilesOfBothMasks) {
+// FP8's scale blocks are the kernel's tiles (both masks have the same).
+TEST(Fp8ScaleBlocks, WholeTiles) {
   for (int d : {64, 128, 256}) {
     flash3::fwd::Fp8ScaleBlocks const b = flash3::fwd::fp8_scale_blocks(d);
-    for (bool causal : {false, true}) {
-      flash3::fwd::TileSize const t = flash3::fwd::tile_size(d, true, causal);
-      EXPECT_EQ(b.q, t.block_m) << d << " " << causal;
-      EXPECT_EQ(b.kv % t.block_n, 0) << d << " " << causal;
+    flash3::fwd::TileSize const t = flash3::fwd::tile_size(d, true);
+    EXPECT_EQ(b.q, t.block_m) << d;
+    EXPECT_EQ(b.kv % t.block_n, 0) << d;
+  }
+}
+
+// The policy's element rule against its definition: row i sees column j iff
+// j < seqlen_k and, causal, j <= i + seqlen_k - seqlen_q; rows above and
+// below the sequence included (the forward's tiles reach past it).
+TEST(MaskPolicy, ColumnLimitMatchesDefinition) {
+  for (bool causal : {false, true}) {
+    for (int sq : {1, 7, 200}) {
+      for (int sk : {1, 7, 200, 513}) {
+        MaskPolicy const mask{sq, sk, causal};
+        for (int i = -70; i < sq + 70; ++i) {
+          for (int j = 0; j < sk + 70; ++j) {
+            bool const visible = j < sk && (!causal || j <= i + sk - sq);
+            ASSERT_EQ(j < mask.col_limit(i), visible) << causal << " " << sq << " " << sk << " (" << i << ", " << j << ")";
+          }
+        }
+      }
     }
   }
+}
+
+// The forward's scheduler: a persistent grid is one CTA per SM, capped by the
+// tiles; without persistence a CTA per tile; a counter only where CTAs claim
+// tiles (more tiles than CTAs), so no CUDA call is made otherwise.
+TEST(PersistentTileScheduler, GridAndCounter) {
+  flash3::DeviceInfo device;
+  device.num_sms = 132;
+  device.l2_bytes = 50 << 20;
+  for (bool persistent : {true, false}) {
+    flash3::PersistentTileScheduler::Launch launch;
+    ASSERT_EQ(launch.prepare(4, 8, 2, 1 << 20, true, persistent, device, nullptr), cudaSuccess);
+    EXPECT_EQ(launch.grid(), 64);
+    EXPECT_EQ(launch.params().counter, nullptr);
+    EXPECT_EQ(launch.params().order.num_tiles(), 64);
+    EXPECT_EQ(launch.finish(nullptr), cudaSuccess);
+  }
+  flash3::PersistentTileScheduler::Launch one_shot;
+  ASSERT_EQ(one_shot.prepare(16, 16, 4, 1 << 20, false, false, device, nullptr), cudaSuccess);
+  EXPECT_EQ(one_shot.grid(), 1024);
+  EXPECT_EQ(one_shot.params().counter, nullptr);
+  // More tiles than SMs: one CTA per SM (the counter needs a device).
+  flash3::PersistentTileScheduler::Launch persistent;
+  persistent.prepare(16, 16, 4, 1 << 20, false, true, device, nullptr);
+  EXPECT_EQ(persistent.grid(), 132);
+  persistent.finish(nullptr);
 }
 
 }  // namespace

@@ -17,8 +17,9 @@
 
 namespace flash3::bwd {
 
-template <class Traits>
+template <class Traits_>
 struct Epilogue {
+  using Traits = Traits_;
   using Element = typename Traits::Element;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kBlockN = Traits::kBlockN;

@@ -1,6 +1,7 @@
 // The FlashAttention-3 backward kernel (paper Algorithm 3): one CTA per
-// (key block j, query head, batch), or per part of one in the last wave
-// (bwd/tail_split.h).
+// (key block j, query head, batch), or per part of one in the last wave, as
+// its Scheduler hands them out (bwd/scheduler.h). A Kernel composes a
+// Mainloop (loads, the five GEMMs, dQ), an Epilogue (dK, dV) and the Scheduler.
 //
 //   warpgroup 0, warp 0   producer: setmaxnreg down, TMA loads of K_j, V_j,
 //                         then Q_i, dO_i for each query block i
@@ -19,61 +20,39 @@
 
 #include "bwd/epilogue.h"
 #include "bwd/mainloop.h"
+#include "bwd/scheduler.h"
 #include "bwd/tail_split.h"
 #include "bwd/traits.h"
 #include "common/dependent_launch.h"
 
 namespace flash3::bwd {
 
-template <class Traits>
+template <class Mainloop_, class Epilogue_, class Scheduler_>
 struct Kernel {
-  using MainloopT = Mainloop<Traits>;
-  using EpilogueT = Epilogue<Traits>;
+  using MainloopT = Mainloop_;
+  using EpilogueT = Epilogue_;
+  using Scheduler = Scheduler_;
+  using Traits = typename MainloopT::Traits;
   using SharedStorage = typename Traits::SharedStorage;
   using PipelineQ = typename Traits::PipelineQ;
   using PipelinedO = typename Traits::PipelinedO;
   using PipelinedQ = typename Traits::PipelinedQ;
   using PipelineLseD = typename Traits::PipelineLseD;
+  using Work = typename Scheduler::Work;
 
   struct Params {
     typename MainloopT::Params mainloop;
     typename EpilogueT::Params epilogue;
-    int tiles;  // n_blocks x heads x batch
-    int n_blocks;
-    TailSplit split;
+    typename Scheduler::Params scheduler;
   };
 
-  // A CTA's key block, head, batch and part.
-  struct Work {
-    int n_block;
-    int head;
-    int batch;
-    TilePart part;
-  };
-  // CTAs start in blockIdx order. Causal key blocks differ in work (block j
-  // visits the query blocks from its diagonal down): the grid is (key block,
-  // head, batch), the longest blocks, j = 0, first; deterministic launches go
-  // last to first instead, the order in which their dQ turns come
-  // (Mainloop::deterministic_turn). Blocks without the mask take equal times:
-  // the grid counts tiles, key blocks innermost, then the parts of the split
-  // ones. (Decoding the causal grid as well cost its kernel registers, which
-  // it spilled in the mainloop.)
-  CUTE_DEVICE static Work work(Params const& p) {
-    if constexpr (Traits::kCausal) {
-      int const j = p.mainloop.deterministic ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
-      return Work{j, int(blockIdx.y), int(blockIdx.z), TilePart{-1, 0, 1, -1}};
-    } else {
-      TilePart const part = tile_part(int(blockIdx.x), p.tiles, p.split);
-      int const rows = part.tile / p.n_blocks;
-      return Work{part.tile % p.n_blocks, rows % p.mainloop.num_heads, rows / p.mainloop.num_heads, part};
-    }
-  }
+  CUTE_DEVICE static Work work(Params const& p) { return Scheduler::work(p.scheduler); }
 
   // The query blocks a CTA's work visits.
   CUTE_DEVICE static QueryRange range_of(Params const& p, Work const& w) {
     auto const& mp = p.mainloop;
-    return part_range(query_range(w.n_block, Traits::kBlockM, Traits::kBlockN, mp.seqlen_q, mp.seqlen_k, mp.m_blocks,
-                                  Traits::kCausal),
+    return part_range(MaskPolicy{mp.seqlen_q, mp.seqlen_k, Traits::kCausal}.query_blocks(
+                          w.n_block, Traits::kBlockM, Traits::kBlockN, mp.m_blocks),
                       w.part.part, w.part.parts);
   }
 
@@ -119,8 +98,7 @@ struct Kernel {
     let_dependents_start();
     bool const producer = warp_group == 0 && warp_in_group == 0;
 
-    // Each role decodes the CTA's work itself: values held across the roles'
-    // branch took the consumers a register, which ptxas spilled at d = 64.
+    // Each role decodes the CTA's work itself (Scheduler::work).
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
       Work const w = work(params);
@@ -158,11 +136,11 @@ struct Kernel {
   }
 };
 
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kNumThreads, 1)
-    backward_kernel(CUTE_GRID_CONSTANT typename Kernel<Traits>::Params const params) {
+template <class KernelT>
+__global__ void __launch_bounds__(KernelT::kNumThreads, 1)
+    backward_kernel(CUTE_GRID_CONSTANT typename KernelT::Params const params) {
   extern __shared__ __align__(1024) char smem[];
-  Kernel<Traits>::run(params, smem);
+  KernelT::run(params, smem);
 }
 
 }  // namespace flash3::bwd

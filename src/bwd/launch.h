@@ -13,7 +13,7 @@
 #include <limits>
 #include <string>
 
-#include "api/device.h"
+#include "common/device_info.h"
 #include "bwd/kernel.h"
 #include "bwd/postprocess.h"
 #include "bwd/preprocess.h"
@@ -57,10 +57,13 @@ unsigned sum_groups_ctas(SumGroupsParams<Element> const& p) {
 }
 
 template <class Traits>
+using BackwardKernel = Kernel<Mainloop<Traits>, Epilogue<Traits>, KeyBlockScheduler<Traits::kCausal>>;
+
+template <class Traits>
 cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, char* ws, WorkspaceLayout const& w,
                              cudaStream_t stream) {
   using Element = typename Traits::Element;
-  using KernelT = Kernel<Traits>;
+  using KernelT = BackwardKernel<Traits>;
   float const scale = a.softmax_scale != 0.f ? a.softmax_scale : 1.f / std::sqrt(float(a.head_dim));
   int const m_blocks = int(w.m_blocks);
   int const n_blocks = int((a.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN);
@@ -81,7 +84,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
 
   // The main kernel's grid: its last wave split where that ends it sooner.
   // Splitting needs equal CTAs (no causal mask) and dQ's sums in any order.
-  auto kernel = backward_kernel<Traits>;
+  auto kernel = backward_kernel<KernelT>;
   int64_t const tiles = int64_t(n_blocks) * a.heads_q * a.batch;
   TailSplit split;
   if (n_blocks > 0) {
@@ -118,9 +121,9 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   pre.items_per_head = preprocess_items_per_head(pre.padded_rows);
   pre.items = int(a.batch * a.heads_q) * pre.items_per_head;
   // Beside the main kernel on an eighth of the SMs, or before it on all of
-  // them for long calls without the mask: there the main kernel lost more
-  // (run 117: 4-5% at 8k, head dims 128 and 256), its SMs no longer ending
-  // their last CTAs together as its last wave's split assumes (bwd/tail_split.h).
+  // them for long calls without the mask: there beside it the main kernel
+  // loses more than the preprocess costs, its SMs no longer ending their
+  // last CTAs together as its last wave's split assumes (bwd/tail_split.h).
   bool const beside = Traits::kCausal || a.seqlen_q < kPreprocessBesideBelow;
   preprocess_kernel<Element, Traits::kHeadDim>
       <<<preprocess_ctas(pre.items, device.num_sms, beside), kPreprocessThreads, 0, stream>>>(pre);
@@ -128,9 +131,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
 
   if (n_blocks > 0) {
     typename KernelT::Params params;
-    params.tiles = int(tiles);
-    params.n_blocks = n_blocks;
-    params.split = split;
+    params.scheduler = {int(tiles), n_blocks, int(a.heads_q), a.deterministic, split};
     auto& mp = params.mainloop;
     using MainloopT = typename KernelT::MainloopT;
     auto const q = gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch);
@@ -184,8 +185,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     ep.split_sums = reinterpret_cast<float*>(ws + w.split_sums);
     ep.split_arrivals = reinterpret_cast<int*>(ws + w.split_arrivals);
 
-    dim3 const grid =
-        Traits::kCausal ? dim3(n_blocks, unsigned(a.heads_q), unsigned(a.batch)) : dim3(unsigned(split.ctas(tiles)));
+    dim3 const grid = KernelT::Scheduler::grid(params.scheduler, int(a.batch));
     err = launch_dependent(kernel, grid, dim3(KernelT::kNumThreads), KernelT::kSmemBytes, stream, params);
     if (err != cudaSuccess) return err;
   }

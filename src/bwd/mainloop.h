@@ -9,15 +9,15 @@
 
 #include "bwd/counters.h"
 #include "bwd/mask.h"
-#include "bwd/query_range.h"
 #include "bwd/traits.h"
 #include "common/dependent_launch.h"
 #include "common/layout.h"
 
 namespace flash3::bwd {
 
-template <class Traits>
+template <class Traits_>
 struct Mainloop {
+  using Traits = Traits_;
   using Element = typename Traits::Element;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kBlockM = Traits::kBlockM;
@@ -151,7 +151,7 @@ struct Mainloop {
   // (Waiting in the producer's warp, which holds the loads' state in 24
   // registers, made ptxas spill a consumer register at d = 64. The copies'
   // lane is elected where they are issued: given as a flag, it lost ptxas the
-  // uniform addresses a bulk copy takes, run 117.)
+  // uniform addresses a bulk copy takes.)
   CUTE_DEVICE static void load_lse_d(Params const& p, SharedStorage& smem, PipelineLseD& pipeline, int head,
                                      int batch, QueryRange range) {
     if (cute::elect_one_sync()) {
@@ -177,7 +177,7 @@ struct Mainloop {
   // At d = 256 the consumers add dQ_i to global memory themselves, with
   // vector atomics, unless the order must be fixed: the round trip through
   // shared memory (64 KB written, 64 KB read by TMA per block) competes with
-  // the SS GEMMs for its bandwidth (measured +5%).
+  // the SS GEMMs for its bandwidth.
   CUTE_DEVICE static bool consumers_add_dq(Params const& p) { return Traits::kdQAtomic && !p.deterministic; }
 
   // Each dQ tile counts the key blocks that have added to it (count_in),
@@ -207,7 +207,7 @@ struct Mainloop {
   // that may not be resident yet.
   CUTE_DEVICE static int deterministic_turn(Params const& p, int m_block, int n_block) {
     if constexpr (!Traits::kCausal) return n_block;
-    return last_key_block(m_block, kBlockM, kBlockN, p.seqlen_q, p.seqlen_k, true) - n_block;
+    return MaskPolicy{p.seqlen_q, p.seqlen_k, true}.last_key_block(m_block, kBlockM, kBlockN) - n_block;
   }
 
   // Algorithm 3, line 14's accumulation, off the consumers' path: each dQ_i
@@ -438,9 +438,9 @@ struct Mainloop {
       // Line 14: dQ_i = dS K, then line 13: dK += dS^T Q_i. dQ_i goes out
       // while dK's GEMM runs. A single dO stage is freed once dQ's (first)
       // GEMM is done, dV's before it, so that dO_{i+1} loads during dQ_i, dK_i
-      // and S_{i+1}; with two, at the end (measured: 4% faster at d = 128
-      // causal). At d = 256 dQ_i's registers do not fit beside dK^T's and
-      // dV^T's: its second half of columns is computed once the first has left.
+      // and S_{i+1}; with two, at the end (faster where two fit). At d = 256
+      // dQ_i's registers do not fit beside dK^T's and dV^T's: its second half
+      // of columns is computed once the first has left.
       int const ds_buffer = buffer;
       auto dq_gemm = [&](int part) {
         Tensor acc = partition_fragment_C(tiled_mma_dq, DqPartShape{});

@@ -1,19 +1,22 @@
-// The mask applied to S^T (or S, bwd/traits.h) on the query blocks that
-// need it: keys past seqlen_k and, with kCausal, keys right
-// of the bottom-right aligned diagonal. Masked scores become -inf, so P = 0.
-// Query rows past seqlen_q need no mask: their LSE is +inf in the workspace.
+// The mask policy (common/mask.h) applied to S^T (or S, bwd/traits.h) on
+// the query blocks that need it: keys past seqlen_k and, with kCausal, keys
+// right of the diagonal. Masked scores become -inf, so P = 0. Query rows
+// past seqlen_q need no mask: their LSE is +inf in the workspace.
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include <cmath>
 
+#include "common/mask.h"
+
 namespace flash3::bwd {
 
 template <bool kCausal, int kBlockM, int kBlockN>
 struct Mask {
-  int seqlen_q;
-  int seqlen_k;
+  MaskPolicy policy;
+
+  CUTE_DEVICE Mask(int seqlen_q, int seqlen_k) : policy{seqlen_q, seqlen_k, kCausal} {}
 
   // coords: the (key, query) of each element of acc_st within the tile, whichever
   // mode of the accumulator holds the keys: this thread's first element's, at
@@ -25,8 +28,9 @@ struct Mask {
   CUTE_DEVICE void apply(TensorS& acc_st, Coords const& coords, int m_block, int n_block) const {
     auto const base = *coords.data();
     int const key0 = n_block * kBlockN + int(cute::get<0>(base));
-    int const key_limit = seqlen_k - key0;                                     // offsets from it on: past seqlen_k
-    int const diagonal = m_block * kBlockM + int(cute::get<1>(base)) + seqlen_k - seqlen_q - key0;
+    // The policy's rule (key < col_limit(query)) as two bounds on the offsets.
+    int const key_limit = policy.seqlen_k - key0;  // offsets from it on: past seqlen_k
+    int const diagonal = m_block * kBlockM + int(cute::get<1>(base)) + policy.diagonal() - key0;
     CUTE_UNROLL
     for (int i = 0; i < cute::size(acc_st); ++i) {
       auto const offset = coords.layout()(i);

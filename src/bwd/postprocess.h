@@ -7,7 +7,7 @@
 #include <cute/tensor.hpp>
 
 #include "bwd/counters.h"
-#include "bwd/query_range.h"
+#include "common/mask.h"
 #include "bwd/traits.h"
 #include "common/dependent_launch.h"
 
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
     wait_for_earlier_grid();  // the main kernel's dQ sums
   } else if (tid == 0) {
     int const key_blocks =
-        last_key_block(m_block, kM, Traits::kBlockN, p.seqlen_q, p.seqlen_k, Traits::kCausal) + 1;
+        MaskPolicy{p.seqlen_q, p.seqlen_k, Traits::kCausal}.last_key_block(m_block, kM, Traits::kBlockN) + 1;
     wait_at_least<256>(p.ready + t / p.m_blocks, p.ready_items);
     wait_at_least<256>(p.dq_arrivals + t, key_blocks);
   }

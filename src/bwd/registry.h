@@ -2,7 +2,7 @@
 // these, and the generated bwd_*.cu files define them.
 #pragma once
 
-#include "api/device.h"
+#include "common/device_info.h"
 #include "flash3/flash3.h"
 
 namespace flash3::bwd {

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "bwd/query_range.h"
+#include "common/mask.h"
 
 namespace flash3::bwd {
 

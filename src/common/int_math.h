@@ -1,7 +1,7 @@
 // Integer division helpers for block counts, usable on host and device.
 #pragma once
 
-#include "common/tile_scheduler.h"  // FLASH3_HOST_DEVICE
+#include "common/host_device.h"
 
 namespace flash3 {
 

@@ -1,91 +1,92 @@
-// Which output tile (m_block, head, batch) a CTA works on next.
-//
-// Plain integer code, usable on the host (the CPU tests check coverage and
-// order) and on the device. The kernel walks tiles blockIdx.x, blockIdx.x +
-// gridDim.x, ...: a grid of one CTA per SM makes it persistent, a grid of one
-// CTA per tile makes it one-shot (the ablation).
+// The forward kernel's tile scheduler: the grid, and which tile a CTA works
+// on next. It is a template parameter of the kernel (fwd::Kernel<Mainloop,
+// Epilogue, Scheduler>); another scheduler (per-sequence tiles, KV splits)
+// provides the same members and leaves the mainloop untouched:
+//   Params                                   the kernel's scheduler parameter
+//   Launch (host)                            one call's grid and Params,
+//                                            held from prepare() to finish()
+//   first_tile(), claim_issue(p),            the tile loop: indices >=
+//   next_tile(p, tile, claim), num_tiles(p),  num_tiles end it, coord() decodes
+//   coord(p, tile)                           one
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
 
-#include "common/host_device.h"
+#include "common/device_info.h"
+#include "common/tile_counter.h"
+#include "common/tile_order.h"
 
 namespace flash3 {
 
-struct TileCoord {
-  int m_block;
-  int head;
-  int batch;
-};
+// The tiles in TileOrder over a persistent grid (one CTA per SM) or a
+// one-shot one (a CTA per tile: the ablation without persistence). A
+// persistent CTA takes its first tile by blockIdx, then claims the next from
+// a counter when it finishes one: causal tiles differ in cost, and even
+// equal ones finish at different times on different SMs, so claims keep
+// every SM busy to the end where a fixed stride would not.
+struct PersistentTileScheduler {
+  struct Params {
+    TileOrder order;
+    // Zero at the launch (TileCounter). nullptr: no more tiles than CTAs, CTA
+    // c takes tile c alone.
+    int* counter;
+  };
 
-// Tiles are ordered for the L2 and, with a causal mask, longest first.
-//
-// (batch, head) pairs are cut into sections small enough that the K and V of a
-// section stay in L2 together; within a section, M-blocks are walked from the
-// last to the first, and heads vary fastest. With a causal mask the last
-// M-block sees the most keys, so this is longest-processing-time-first order
-// (the talk: 670 -> 710 TFLOP/s), and CTAs running side by side read the same
-// K/V. Without a mask all tiles cost the same and only the L2 grouping matters.
-struct TileScheduler {
-  int num_m_blocks = 0;
-  int num_heads = 0;
-  int num_batch = 0;
-  int heads_per_section = 1;  // (batch, head) pairs per L2 section
-  int total_tiles = 0;        // kept, not recomputed: the kernel compares against it every tile
-
-  // kv_bytes_per_head: bytes of K plus V one head reads. l2_bytes: the cache
-  // to share; half of it is budgeted so Q and O traffic do not evict K/V.
-  //
-  // causal, num_ctas: a section's tiles run from the longest (every key) to
-  // the shortest, so the last section's longest tile starts when that
-  // section's work is all that is left to the grid. For it not to outlast
-  // the rest, a section's work per CTA should be well above one longest tile:
-  // a pair's causal work is about num_m_blocks / 2 longest tiles, and a
-  // section holds at least 4 * num_ctas / num_m_blocks pairs (twice the bare
-  // minimum; measured against 2 and 8 in the performance record, run 13),
-  // past the L2 budget if need be, but not past the whole L2: there each
-  // pair's K and V were read from DRAM again for every wave of its M-blocks
-  // (hdim 256 causal 1k read 362 MB for 192 MB of Q, K and V; run 72).
-  //
-  // Sections are then made equal: a short last section holds too little work
-  // to cover its own longest tiles (run 72).
-  static TileScheduler make(int num_m_blocks, int num_heads, int num_batch, int64_t kv_bytes_per_head,
-                            int64_t l2_bytes, bool causal = false, int num_ctas = 1) {
-    TileScheduler s;
-    s.num_m_blocks = num_m_blocks;
-    s.num_heads = num_heads;
-    s.num_batch = num_batch;
-    int64_t pairs = int64_t(num_heads) * num_batch;
-    int64_t fit = kv_bytes_per_head > 0 ? (l2_bytes / 2) / kv_bytes_per_head : pairs;
-    if (causal && num_m_blocks > 0) {
-      int64_t const tail = (4 * int64_t(num_ctas) + num_m_blocks - 1) / num_m_blocks;
-      int64_t const whole_l2 = kv_bytes_per_head > 0 ? l2_bytes / kv_bytes_per_head : pairs;
-      if (fit < tail) fit = std::max(fit, std::min(tail, whole_l2));
+  // One call's grid and parameters. kv_bytes_per_head: K and V bytes one
+  // query head reads (TileOrder's L2 sections).
+  class Launch {
+   public:
+    cudaError_t prepare(int num_m_blocks, int num_heads, int num_batch, int64_t kv_bytes_per_head, bool causal,
+                        bool persistent, DeviceInfo const& device, cudaStream_t stream) {
+      int const tiles = num_m_blocks * num_heads * num_batch;
+      grid_ = persistent ? std::min(tiles, device.num_sms) : tiles;
+      TileOrder const order =
+          TileOrder::make(num_m_blocks, num_heads, num_batch, kv_bytes_per_head, device.l2_bytes, causal, grid_);
+      cudaError_t const err = grid_ < tiles ? counter_.acquire(device.id, stream) : cudaSuccess;
+      params_ = Params{order, counter_.get()};
+      return err;
     }
-    fit = std::clamp<int64_t>(fit, 1, std::max<int64_t>(pairs, 1));
-    int64_t const sections = (std::max<int64_t>(pairs, 1) + fit - 1) / fit;
-    s.heads_per_section = int((std::max<int64_t>(pairs, 1) + sections - 1) / sections);
-    s.total_tiles = num_m_blocks * num_heads * num_batch;
-    return s;
-  }
+    // After the launch: a graph's counter is freed in the graph.
+    cudaError_t finish(cudaStream_t stream) { return counter_.release(stream); }
+    int grid() const { return grid_; }
+    Params const& params() const { return params_; }
 
-  FLASH3_HOST_DEVICE int num_tiles() const { return total_tiles; }
+   private:
+    TileCounter counter_;
+    Params params_{};
+    int grid_ = 0;
+  };
 
-  FLASH3_HOST_DEVICE TileCoord tile(int index) const {
-    int const tiles_per_section = num_m_blocks * heads_per_section;
-    int const section = index / tiles_per_section;
-    int const first_pair = section * heads_per_section;
-    int const pairs = num_heads * num_batch;
-    int const section_pairs = (pairs - first_pair < heads_per_section) ? pairs - first_pair : heads_per_section;
-    int const within = index - section * tiles_per_section;
-    int const pair = first_pair + within % section_pairs;
-    TileCoord c;
-    c.m_block = num_m_blocks - 1 - within / section_pairs;
-    c.head = pair % num_heads;
-    c.batch = pair / num_heads;
-    return c;
+#if defined(__CUDACC__)
+  __device__ __forceinline__ static int num_tiles(Params const& p) { return p.order.num_tiles(); }
+  __device__ __forceinline__ static TileCoord coord(Params const& p, int tile) { return p.order.tile(tile); }
+  __device__ __forceinline__ static int first_tile() { return int(blockIdx.x); }
+
+  // Claims are made by one warp (its lane 0) and split in two, so that the
+  // atomic's round trip to L2 passes while the warp waits for something else
+  // (the producer: the stage of its tile's last block).
+  //
+  // A launch makes exactly num_tiles claims: claims 0 .. num_tiles - grid - 1
+  // hand out the tiles past the first wave, and each CTA stops after one claim
+  // more. The last claim is therefore num_tiles - 1; it zeroes the counter,
+  // so the next launch on the stream needs no memset.
+  __device__ __forceinline__ static int claim_issue(Params const& p) {
+    bool const issues = p.counter != nullptr && threadIdx.x % 32 == 0;
+    return issues ? atomicAdd(p.counter, 1) : 0;
   }
+  __device__ __forceinline__ static int next_tile(Params const& p, int tile, int claim) {
+    if (p.counter == nullptr) return tile + int(gridDim.x);
+    int next = 0;
+    if (threadIdx.x % 32 == 0) {
+      if (claim == p.order.num_tiles() - 1) atomicExch(p.counter, 0);
+      next = claim + int(gridDim.x);
+    }
+    return __shfl_sync(0xffffffff, next, 0);
+  }
+#endif
 };
 
 }  // namespace flash3

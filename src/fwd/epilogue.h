@@ -13,14 +13,15 @@
 #include <cutlass/arch/barrier.h>
 
 #include "common/layout.h"
-#include "common/tile_scheduler.h"
+#include "common/tile_order.h"
 #include "fwd/block_range.h"
 #include "fwd/traits.h"
 
 namespace flash3::fwd {
 
-template <class Traits>
+template <class Traits_>
 struct Epilogue {
+  using Traits = Traits_;
   using Element = typename Traits::ElementO;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kBlockM = Traits::kBlockM;

@@ -1,24 +1,34 @@
-// Host side of one forward kernel: TMA descriptors, scheduler, grid, launch.
-// Arguments have been validated by the caller.
+// Host side of one forward kernel: its composition, TMA descriptors,
+// scheduler, grid, launch. Arguments have been validated by the caller.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
-#include "api/device.h"
+#include "common/device_info.h"
 #include "common/gmem_tensor.h"
 #include "common/scale_view.h"
+#include "common/tile_scheduler.h"
 #include "flash3/flash3.h"
 #include "fwd/kernel.h"
+#include "fwd/kernel_no_ws.h"
 
 namespace flash3::fwd {
 
+// The kernel of a variant: Algorithm 1's warp-specialized kernel, or the
+// ablation's without a producer.
+template <class Traits>
+using ForwardKernel =
+    std::conditional_t<Traits::kWarpSpecialized,
+                       Kernel<Mainloop<Traits>, Epilogue<Traits>, PersistentTileScheduler>,
+                       KernelNoWS<Mainloop<Traits>, Epilogue<Traits>, PersistentTileScheduler>>;
+
 template <class Traits>
 Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
-  using KernelT = Kernel<Traits>;
+  using KernelT = ForwardKernel<Traits>;
   typename KernelT::Params params;
   float const scale = a.softmax_scale != 0.f ? a.softmax_scale : 1.f / std::sqrt(float(a.head_dim));
   // FP8's descale factors; per-block ones are laid out by the scale blocks.
@@ -30,13 +40,13 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
     v_scale = make_scale_view(a.fp8.v, g, a.heads_kv, a.seqlen_k, Traits::kScaleBlockN);
   }
   // FwdTraits::kPartialTileFirst: the first tile starts above the sequence
-  // by whole warpgroups' 64 rows (run 78).
+  // by whole warpgroups' 64 rows.
   int const row_offset = first_tile_row_offset(a.seqlen_q, Traits::kBlockM, Traits::kPartialTileFirst);
   params.mainloop = KernelT::MainloopT::make_params(
       gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch), gmem_tensor<Traits>(a.k, a.seqlen_k, a.heads_kv, a.batch),
       gmem_tensor<Traits>(a.v, a.seqlen_k, a.heads_kv, a.batch), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
       int(a.seqlen_k), row_offset, scale, q_scale, k_scale, v_scale);
-  params.epilogue = KernelT::EpilogueT::make_params(
+  params.epilogue = Epilogue<Traits>::make_params(
       gmem_tensor<Traits, void*, typename Traits::ElementO>(a.o, a.seqlen_q, a.heads_q, a.batch), a.lse,
       int(a.seqlen_q), int(a.heads_q), row_offset);
 
@@ -44,26 +54,20 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   // K and V bytes one query head reads, shared by the heads of its GQA group.
   int64_t const kv_bytes = 2 * a.seqlen_k * a.head_dim * int64_t(sizeof(typename Traits::Element)) /
                            (a.heads_q / a.heads_kv);
-  int const num_tiles = num_m_blocks * int(a.heads_q) * int(a.batch);
-  int const grid = a.options.persistent ? std::min(num_tiles, device.num_sms) : num_tiles;
-  params.scheduler = TileScheduler::make(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, device.l2_bytes,
-                                         Traits::kCausal, grid);
-  auto kernel = forward_kernel<Traits>;
+  auto kernel = forward_kernel<KernelT>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelT::kSmemBytes);
-  // A persistent grid claims its tiles dynamically (causal tiles differ in
-  // cost; equal tiles gained 2-5% at seqlen 512-1k over a static order, run
-  // 74) from a counter that is the stream's own, so concurrent calls on other
-  // streams each have theirs (a graph gets one of its own: TileCounter).
-  bool const dynamic = a.options.persistent && grid < num_tiles;
-  TileCounter counter;
-  if (dynamic && err == cudaSuccess) err = counter.acquire(device.id, stream);
-  params.tile_counter = counter.get();
+  typename KernelT::Scheduler::Launch launch;
   if (err == cudaSuccess) {
-    kernel<<<grid, KernelT::kNumThreads, KernelT::kSmemBytes, stream>>>(params);
+    err = launch.prepare(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, Traits::kCausal, a.options.persistent,
+                         device, stream);
+  }
+  if (err == cudaSuccess) {
+    params.scheduler = launch.params();
+    kernel<<<launch.grid(), KernelT::kNumThreads, KernelT::kSmemBytes, stream>>>(params);
     err = cudaGetLastError();
   }
-  cudaError_t const release_err = counter.release(stream);
-  if (err == cudaSuccess) err = release_err;
+  cudaError_t const finish_err = launch.finish(stream);
+  if (err == cudaSuccess) err = finish_err;
   if (err != cudaSuccess) {
     return Status(Status::Code::kCudaError, std::string("forward kernel launch: ") + cudaGetErrorString(err));
   }

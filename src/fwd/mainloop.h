@@ -9,8 +9,9 @@
 
 #include "common/layout.h"
 #include "common/scale_view.h"
-#include "common/tile_scheduler.h"
+#include "common/tile_order.h"
 #include "fwd/block_range.h"
+#include "fwd/descale.h"
 #include "fwd/mask.h"
 #include "fwd/softmax.h"
 #include "fwd/traits.h"
@@ -20,7 +21,7 @@ namespace flash3::fwd {
 // What a consumer warpgroup does with the previous tile's O before this
 // tile's first PV GEMM, once: store it (FwdTraits::kDeferEpilogue), then
 // clear O. It runs right after the warpgroup has issued the tile's first
-// QK^T, so that the GEMM runs on the tensor cores meanwhile (run 101); on
+// QK^T, so that the GEMM runs on the tensor cores meanwhile; on
 // entering the tile where it issues none (no key block for its rows), or
 // without the intra-warpgroup overlap. The deferred epilogue waits for no
 // other warpgroup, so the pingpong's offset between them survives it.
@@ -36,8 +37,9 @@ struct DeferredEpilogue {
   }
 };
 
-template <class Traits>
+template <class Traits_>
 struct Mainloop {
+  using Traits = Traits_;
   using Element = typename Traits::Element;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kBlockM = Traits::kBlockM;
@@ -66,6 +68,9 @@ struct Mainloop {
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  // FP8's descale factors, a policy of the consumer mainloop.
+  using Descale = std::conditional_t<Traits::kFp8, Fp8Descale<Mainloop>, NoDescale>;
 
   struct Params {
     TmaQ tma_q;
@@ -181,10 +186,10 @@ struct Mainloop {
   // loads, which takes the claim's result and, with two Q buffers, loads
   // the next tile's Q. That is about kStages blocks and an epilogue before
   // the consumers need it, room for Q's DRAM latency; issued after the
-  // claim's round trip and the next tile's first K, Q's load stood between
-  // the two tiles (run 103). A claim much earlier breaks the longest-first
-  // balance of causal tiles (claimed at a tile's start: hdim 256 causal -3
-  // to -11%), and ahead() before the last block's loads delayed them.
+  // claim's round trip and the next tile's first K, Q's load would stand
+  // between the two tiles. A claim much earlier (at a tile's start) breaks
+  // the longest-first balance of causal tiles, and ahead() before the last
+  // block's loads delays them.
   template <class PipelineVLoad, class Claim, class Ahead>
   CUTE_DEVICE static void load(Loads<PipelineVLoad> const& loads, BlockRange range, Claim&& claim, Ahead&& ahead) {
     int const first = range.n_block_max - 1;
@@ -280,8 +285,8 @@ struct Mainloop {
       // Without a producer, the ablation's kernel, the branch doubled the
       // mainloop's R2UR moves: that kernel keeps every warpgroup busy.)
       int const group = cutlass::canonical_warp_group_idx() - 1;
-      BlockRange const own = warpgroup_block_range(tile.m_block, kBlockM, group, kBlockN, p.seqlen_q, p.seqlen_k,
-                                                   Traits::kCausal, p.row_offset);
+      BlockRange const own = warpgroup_block_range(MaskPolicy{p.seqlen_q, p.seqlen_k, Traits::kCausal}, tile.m_block,
+                                                   kBlockM, group, kBlockN, p.row_offset);
       if (own.empty()) {
         // Q's load is still waited for: with every warpgroup idle (a tile
         // whose rows all see no key) nothing else would, and the CTA could
@@ -319,45 +324,13 @@ struct Mainloop {
     decltype(operand_p(tSrS)) tOrP;
     float o_scale[Softmax::kRowsPerThread];
 
-    // FP8: S's descale is Q's times K's block's; O's rescale between blocks
-    // also carries V's descale, from the previous block's to this one's.
-    // Q's is read from shared memory, where the producer put it with Q,
-    // rather than held in a register through the mainloop.
-    int const head_kv = tile.head / p.head_group;
-    float v_descale = 1.f;
-    // Key block n's descales, loaded before its GEMMs are issued so that the
-    // loads' latency hides behind them.
-    struct BlockDescale {
-      float qk = 1.f;
-      float v = 1.f;
-    };
-    // K's and V's descales share one layout (launch.h), so one offset of
-    // this tile's (batch, head) serves both: a register, not two pointers.
-    // (32 bits: 2^31 scales would take a tensor of 2^44 elements.)
-    int const kv_scale_offset =
-        Traits::kFp8 ? int(tile.batch * p.k_scale.batch_stride + head_kv * p.k_scale.head_stride) : 0;
-    auto block_descale = [&](int n) {
-      BlockDescale d;
-      if constexpr (Traits::kFp8) {
-        int const i = kv_scale_offset + n * kBlockN / Traits::kScaleBlockN * int(p.k_scale.block_stride);
-        d.qk = smem.q_descale[read_q.index()] * p.k_scale.data[i];
-        d.v = p.v_scale.data[i];
-      }
-      return d;
-    };
-    // Whether the last softmax step moved a row max (warp-uniform): if not, and
-    // no V descale changes, O needs no rescale.
+    // FP8's descales (fwd/descale.h): S's per key block, O's rescale by V's.
+    Descale descale(p, smem, tile, tile.head / p.head_group, read_q.index());
+    // Whether the last softmax step moved a row max (warp-uniform): if not,
+    // and no descale changes, O needs no rescale.
     bool max_moved = true;
-    auto rescale_o = [&](float v_next) {
-      if constexpr (Traits::kFp8) {
-        float const ratio = v_descale / v_next;
-        v_descale = v_next;
-        CUTE_UNROLL
-        for (int r = 0; r < Softmax::kRowsPerThread; ++r) o_scale[r] *= ratio;
-      } else {
-        if (!max_moved) return;
-      }
-      rescale_rows(tOrO, o_scale);
+    auto rescale_o = [&](BlockDescale next) {
+      if (descale.fold(o_scale, next) || max_moved) rescale_rows(tOrO, o_scale);
     };
 
     Mask<Traits::kCausal, kBlockM, kBlockN, typename Traits::TiledMmaQK> const mask{p.seqlen_q, p.seqlen_k,
@@ -381,7 +354,7 @@ struct Mainloop {
     };
     auto release_k = [&]() { pipeline_k.consumer_release(read_k); ++read_k; };
     auto release_v = [&]() { pipeline_v.consumer_release(read_v); ++read_v; };
-    auto softmax_step = [&](auto& acc_s, int n_block, auto needs_mask, BlockDescale descale) {
+    auto softmax_step = [&](auto& acc_s, int n_block, auto needs_mask, BlockDescale block) {
       // With three consumer warpgroups (160 registers) the mask's coordinates
       // come from a fresh thread index: hoisted out of the loop, they spilled
       // in head dim 64's causal kernel. With two they stay hoisted (10-25
@@ -390,7 +363,7 @@ struct Mainloop {
         mask.apply(acc_s, tile.m_block, n_block,
                    Traits::kNumConsumerWarpGroups == 3 ? Traits::consumer_thread_idx() : thread_idx);
       }
-      max_moved = softmax.step(acc_s, o_scale, p.scale_log2 * descale.qk);
+      max_moved = softmax.step(acc_s, o_scale, p.scale_log2 * block.qk);
     };
     auto to_operand = [&](auto const& acc_s) { tOrP = operand_p(acc_s); };
 
@@ -399,7 +372,7 @@ struct Mainloop {
 
     if constexpr (Traits::kIntraWGOverlap) {
       // Algorithm 2, lines 3-6: S_cur = Q K_0^T, softmax.
-      BlockDescale const first = block_descale(n_block);
+      BlockDescale const first = descale.block(n_block);
       pingpong_wait_turn(warp_group);
       qk_gemm(tSrS);
       pingpong_pass_turn(warp_group);
@@ -412,12 +385,12 @@ struct Mainloop {
         softmax_step(tSrS, n_block, cute::false_type{}, first);
       }
       to_operand(tSrS);
-      v_descale = first.v;
+      descale.start(first);
       // Lines 7-17: S_next = Q K_j^T and O += P_cur V_{j-1} are issued
       // together; the softmax of S_next runs while O's GEMM is in flight.
       auto iteration = [&](int n, auto needs_mask) {
         Tensor tSrS_next = partition_fragment_C(tiled_mma_qk, select<0, 1>(TileShapeQK{}));
-        BlockDescale const descale = block_descale(n);
+        BlockDescale const next = descale.block(n);
         load_ahead(n);
         pingpong_wait_turn(warp_group);
         qk_gemm(tSrS_next);
@@ -425,17 +398,17 @@ struct Mainloop {
         pingpong_pass_turn(warp_group);
         warpgroup_wait<1>();  // S_next is ready, O's GEMM may still run
         release_k();
-        softmax_step(tSrS_next, n, needs_mask, descale);
+        softmax_step(tSrS_next, n, needs_mask, next);
         warpgroup_wait<0>();
         release_v();
-        rescale_o(descale.v);
+        rescale_o(next);
         to_operand(tSrS_next);
       };
       --n_block;
       // Without the causal mask only the first block can need one. FP8 leaves
       // the (then idle) masked loop out, which frees the registers head dim
       // 256's 96-key blocks need; BF16 keeps it: without it the compiler
-      // schedules the hdim 256 mainloop 3-6% slower (performance record, run 26).
+      // schedules the head dim 256 mainloop worse.
       if constexpr (Traits::kCausal || !Traits::kFp8) {
         for (; n_block >= n_block_mask; --n_block) iteration(n_block, cute::true_type{});
       }
@@ -451,14 +424,14 @@ struct Mainloop {
       // Algorithm 1, lines 15-23: each block's softmax waits for its QK^T, and
       // its PV waits for the softmax.
       auto iteration = [&](int n, auto needs_mask) {
-        BlockDescale const descale = block_descale(n);
+        BlockDescale const next = descale.block(n);
         pingpong_wait_turn(warp_group);
         qk_gemm(tSrS);
         pingpong_pass_turn(warp_group);
         warpgroup_wait<0>();
         release_k();
-        softmax_step(tSrS, n, needs_mask, descale);
-        rescale_o(descale.v);
+        softmax_step(tSrS, n, needs_mask, next);
+        rescale_o(next);
         to_operand(tSrS);
         pingpong_wait_turn(warp_group);
         pv_gemm();
@@ -470,7 +443,7 @@ struct Mainloop {
       for (; n_block >= range.n_block_min; --n_block) iteration(n_block, cute::false_type{});
       query_done(pipeline_q, read_q);
     }
-    return v_descale;
+    return descale.o_factor();
   }
 
   // Key blocks a consumer warpgroup has no use for: it issues no GEMM for

@@ -1,20 +1,23 @@
-// The mask applied to S on the key blocks that block_range() marks: columns
-// past seqlen_k, and with kCausal the columns right of the bottom-right
-// aligned diagonal. Masked scores become -inf before the softmax.
+// The mask policy (common/mask.h) applied to S on the key blocks that
+// block_range() marks: each accumulator element's (row, column) in the tile,
+// columns at or past the row's col_limit set to -inf before the softmax.
 #pragma once
 
 #include <cmath>
 
 #include "common/layout.h"
+#include "common/mask.h"
 #include "fwd/block_range.h"
 
 namespace flash3::fwd {
 
 template <bool kCausal, int kBlockM, int kBlockN, class TiledMma>
 struct Mask {
-  int seqlen_q;
-  int seqlen_k;
+  MaskPolicy policy;
   int row_offset;  // rows above the sequence in the first tile (tile_first_row)
+
+  CUTE_DEVICE Mask(int seqlen_q, int seqlen_k, int row_offset)
+      : policy{seqlen_q, seqlen_k, kCausal}, row_offset(row_offset) {}
 
   // thread_idx: the thread's index among the consumer threads, as used to
   // partition the accumulator.
@@ -28,11 +31,7 @@ struct Mask {
     int const col0 = n_block * kBlockN;
     CUTE_UNROLL
     for (int r = 0; r < size<0>(s); ++r) {
-      int limit = seqlen_k;  // first column this row may not see
-      if constexpr (kCausal) {
-        int const row = tile_first_row(m_block, kBlockM, row_offset) + get<0>(c(r, 0));
-        limit = min(limit, row + 1 + seqlen_k - seqlen_q);
-      }
+      int const limit = policy.col_limit(tile_first_row(m_block, kBlockM, row_offset) + get<0>(c(r, 0)));
       CUTE_UNROLL
       for (int j = 0; j < size<1>(s); ++j) {
         if (col0 + get<1>(c(r, j)) >= limit) s(r, j) = -INFINITY;

@@ -10,10 +10,8 @@
 //    reads P in k-steps of 32, so N stays a multiple of 32.
 //  - shared memory holds Q (M x d), kStages of K and V (N x d each) and O
 //    (M x d, or half of its columns when the whole would pass 227 KB).
-// docs/design.md records the measurements behind them.
+// docs/design.md and docs/performance-log.md record the measurements behind them.
 #pragma once
-
-#include <numeric>
 
 namespace flash3::fwd {
 
@@ -23,15 +21,13 @@ struct TileSize {
   int stages;
 };
 
-constexpr TileSize tile_size(int head_dim, bool fp8, bool causal) {
+constexpr TileSize tile_size(int head_dim, bool fp8) {
   if (fp8) {
-    // Head dim 64: three consumer warpgroups as for BF16 (non-causal +25%,
-    // causal +17% at 8k-16k), and a third stage that gives V's transpose room
-    // to run ahead of the PV GEMMs. Head dim 128: 192 keys a block halve the
-    // per-block work of softmax and barriers against 128 (+8-11% at 8k-16k;
-    // 224 spills). Head dim 256: 96 keys (against 64, +7-10% at 8k-16k
-    // without the mask, +8-10% with it; spill-free with the consumers at 240
-    // registers); 128 spills, and a third stage of 64 measured 3-7% slower.
+    // Head dim 64: three consumer warpgroups as for BF16, and a third stage
+    // that gives V's transpose room to run ahead of the PV GEMMs. Head dim
+    // 128: 192 keys a block halve the per-block work of softmax and barriers
+    // against 128 (224 spill). Head dim 256: 96 keys, the most that stay
+    // spill-free with the consumers at 240 registers (128 spill).
     switch (head_dim) {
       case 64: return {192, 128, 3};
       case 128: return {128, 192, 2};
@@ -39,12 +35,10 @@ constexpr TileSize tile_size(int head_dim, bool fp8, bool causal) {
     }
   }
   switch (head_dim) {
-    // Three consumer warpgroups: at d = 64 the softmax's share of a block is
-    // largest, and a third warpgroup hides more of it (non-causal 8k +10%).
-    // Causal too, since each warpgroup walks only the key blocks its own rows
-    // see (Mainloop::mma): against 128 rows with the same ranges 2k-16k
-    // +10-15%, 1k even (run 67; before that, 192 rows met three diagonal
-    // blocks in every warpgroup and measured 10-15% slower at 1k-4k).
+    // Three consumer warpgroups at d = 64: there the softmax's share of a
+    // block is largest, and a third warpgroup hides more of it. Causal too,
+    // since each warpgroup walks only the key blocks its own rows see
+    // (Mainloop::mma), so a taller tile meets no more diagonal blocks.
     case 64: return {192, 128, 2};
     case 96: return {128, 128, 2};
     case 128: return {128, 128, 2};
@@ -53,17 +47,16 @@ constexpr TileSize tile_size(int head_dim, bool fp8, bool causal) {
   }
 }
 
-// FP8's per-block scales (fp8_block_sizes): Q's rows per scale are block M,
-// the same for both masks; a K/V scale block holds whole key blocks of both
-// masks' kernels (the lcm of their block N).
+// FP8's per-block scales (fp8_block_sizes): Q's rows per scale are block M
+// and a K/V scale block is block N, both masks' kernels having the same tiles.
 struct Fp8ScaleBlocks {
   int q;
   int kv;
 };
 
 constexpr Fp8ScaleBlocks fp8_scale_blocks(int head_dim) {
-  TileSize const plain = tile_size(head_dim, true, false), causal = tile_size(head_dim, true, true);
-  return {plain.block_m == causal.block_m ? plain.block_m : 0, std::lcm(plain.block_n, causal.block_n)};
+  TileSize const t = tile_size(head_dim, true);
+  return {t.block_m, t.block_n};
 }
 
 }  // namespace flash3::fwd

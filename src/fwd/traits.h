@@ -7,39 +7,40 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include "common/element.h"
 #include "common/registers.h"
-#include "common/tile_scheduler.h"
+#include "common/tile_order.h"
 #include "fwd/tile_size.h"
+#include "fwd/variants.h"
 
 namespace flash3::fwd {
 
 using namespace cute;
 
-// Element is Q, K, V's type; ElementO is O's (the same, except for FP8).
-template <class Element_, int kHeadDim_, bool kCausal_, bool kPingpong_ = true, bool kIntraWGOverlap_ = true,
-          class ElementO_ = Element_, bool kWarpSpecialized_ = true>
+// Element is Q, K, V's type; O's is the same, except for FP8's
+// (kVariant.fp8_out).
+template <class Element_, int kHeadDim_, Variant kVariant = Variant{}>
 struct FwdTraits {
   using Element = Element_;
-  using ElementO = ElementO_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kCausal = kCausal_;
-  static constexpr bool kPingpong = kPingpong_;
-  static constexpr bool kIntraWGOverlap = kIntraWGOverlap_;
-  // Algorithm 1's producer warpgroup. Switched off (the ablation), the
-  // consumers issue the TMA loads themselves, between their GEMMs.
-  static constexpr bool kWarpSpecialized = kWarpSpecialized_;
   // FP8 (§3.3): V is transposed in shared memory by the producer warpgroup,
   // P is re-laid out in registers, and the inputs carry descale factors.
   static constexpr bool kFp8 = sizeof(Element) == 1;
+  using ElementO = std::conditional_t<kFp8, ElementOf<kVariant.fp8_out>, Element>;
+  static constexpr bool kCausal = kVariant.causal;
+  static constexpr bool kPingpong = kVariant.pingpong;
+  static constexpr bool kIntraWGOverlap = kVariant.intra_warpgroup_overlap;
+  // Algorithm 1's producer warpgroup. Switched off (the ablation), the
+  // consumers issue the TMA loads themselves, between their GEMMs.
+  static constexpr bool kWarpSpecialized = kVariant.warp_specialization;
 
-  static constexpr TileSize kTile = tile_size(kHeadDim, kFp8, kCausal);
+  static constexpr TileSize kTile = tile_size(kHeadDim, kFp8);
   // FP8's per-block scales: Q's block is block M; a K/V scale block holds
   // kScaleBlockN / kBlockN key blocks.
   static constexpr int kScaleBlockN = kFp8 ? fp8_scale_blocks(kHeadDim).kv : kTile.block_n;
   static_assert(!kFp8 || (fp8_scale_blocks(kHeadDim).q == kTile.block_m && kScaleBlockN % kTile.block_n == 0));
   // OnlineSoftmax's lazy row max, where skipping O's rescale (d/2 multiplies
-  // per thread and key block) pays: +10-16% at head dim 256, up to +5% at
-  // 128; at 64 the check measured 3-6% slower (performance record, run 16).
+  // per thread and key block) pays for the check: from head dim 128 on.
   static constexpr bool kLazyRowMax = !kFp8 && kHeadDim >= 128;
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
@@ -106,17 +107,14 @@ struct FwdTraits {
   static constexpr int kSmemLimit = 227 * 1024;
   // Q's buffers. With one, the next tile's Q loads once this tile's last
   // QK^T is done, and its DRAM latency stands between the two tiles; two let
-  // it load during this tile (Mainloop::load). 16-bit only: FP8's kernel of
-  // three warpgroups (160 registers) was not measured with two; in run 59 the
-  // Q pipeline's state alone cost it 1-2%.
+  // it load during this tile (Mainloop::load). 16-bit only: in FP8's kernels
+  // the second Q pipeline state costs more registers than it saves.
   static constexpr int kQStages = !kFp8 && 2 * kQBytes + kOBytes + 2 * kKVBytes + 1024 <= kSmemLimit ? 2 : 1;
   // Each warpgroup's epilogue deferred into the next tile, under its first
   // QK^T (Kernel, DeferredEpilogue), with a store of its own rows: where the
   // next tile's Q is there by then (two buffers), and in the kernels of three
-  // warpgroups. +2-6% at seqlen 512-2k with three warpgroups (run 101); with
-  // two (head dims 96 and 128), once the next tile's Q loads during this one,
-  // +2-5% at 512-2k, and at 8k ahead of one Q buffer without the deferral
-  // (runs 103-104). The others keep one joined store of the whole tile.
+  // warpgroups, whose epilogues then overlap the other warpgroups' GEMMs. The
+  // others keep one joined store of the whole tile.
   static constexpr bool kDeferEpilogue = kNumConsumerWarpGroups == 3 || kQStages == 2;
   using SmemLayoutQ = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>(),
@@ -159,8 +157,7 @@ struct FwdTraits {
   // start at a negative row: it traps). Otherwise the warpgroups join and
   // one store takes the whole tile: at head dims above 64 a store per
   // warpgroup doubles the stores, as O's rows span two 64-column swizzle
-  // atoms (run 78: -2-3% at head dim 128 without the deferral; with it,
-  // since run 103, the deferral pays for them there).
+  // atoms, which only the deferral pays for.
   static constexpr int kOStoreRows = kDeferEpilogue ? 64 : kBlockM;
   static_assert(kDeferEpilogue || !kPartialTileFirst);
   using TileShapeOStore = Shape<Int<kOStoreRows>, OChunkWidth>;
@@ -206,8 +203,8 @@ struct FwdTraits {
     std::conditional_t<kFp8, typename PipelineVLoad::SharedStorage, None> pipeline_v_load;
     typename PipelineTile::SharedStorage pipeline_tile;
     // The one slot of pipeline_tile: the next tile's index and coordinates,
-    // the latter computed once, by the producer (the scheduler's divisions
-    // cost the consumers ~600 cycles at each tile's start, run 103). Without
+    // the latter computed once, by the producer, so that the scheduler's
+    // divisions stay off the consumers' path at each tile's start. Without
     // a producer (the ablation) the consumers compute them.
     int tile_index;
     TileCoord tile;

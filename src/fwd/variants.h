@@ -1,0 +1,77 @@
+// The forward kernel's compile-time variants: the named options a kernel is
+// compiled with (Variant, a template parameter of FwdTraits), and the one
+// table of those a build holds. fwd/dispatch.h generates the dispatch from
+// the table, and validate() refuses KernelOptions that no row builds. No
+// CuTe here: the API layer reads it.
+#pragma once
+
+#include <cstddef>
+
+#include "flash3/flash3.h"
+
+namespace flash3::fwd {
+
+// What a forward kernel is compiled for besides its dtype and head dim. The
+// techniques are the paper's (KernelOptions); persistence is not among them,
+// as it is the grid's choice (common/tile_scheduler.h).
+struct Variant {
+  bool causal = false;
+  bool pingpong = true;                 // §3.1
+  bool intra_warpgroup_overlap = true;  // §3.2, Algorithm 2
+  bool warp_specialization = true;      // Algorithm 1's producer warpgroup
+  DType fp8_out = DType::kBF16;         // FP8 only: O's dtype
+
+  constexpr Variant with_causal(bool c) const {
+    Variant v = *this;
+    v.causal = c;
+    return v;
+  }
+};
+
+// A row of the table: a variant built for a dtype and one head dim, or every
+// head dim the build holds; for both masks.
+struct BuiltVariant {
+  static constexpr int kEveryHeadDim = 0;
+  DType dtype;
+  int head_dim;
+  Variant variant;
+
+  constexpr bool built_for(DType d, int hdim) const {
+    return dtype == d && (head_dim == kEveryHeadDim || head_dim == hdim);
+  }
+  // Whether a call with these arguments runs this row's kernel.
+  constexpr bool selected_by(DType d, int hdim, KernelOptions const& o, DType fp8_out) const {
+    return built_for(d, hdim) && variant.pingpong == o.pingpong &&
+           variant.intra_warpgroup_overlap == o.intra_warpgroup_overlap &&
+           variant.warp_specialization == o.warp_specialization && (d != DType::kE4M3 || variant.fp8_out == fp8_out);
+  }
+};
+
+// Every kernel has all techniques on; the ablation's switches (paper Table 2)
+// are built only where the paper measures them, bf16 head dim 128 (and FP8's
+// at head dim 128 with a bf16 O), since each doubles that instance's kernels.
+inline constexpr BuiltVariant kBuiltVariants[] = {
+    {DType::kBF16, BuiltVariant::kEveryHeadDim, {}},
+    {DType::kFP16, BuiltVariant::kEveryHeadDim, {}},
+    {DType::kE4M3, BuiltVariant::kEveryHeadDim, {.fp8_out = DType::kBF16}},
+    {DType::kE4M3, BuiltVariant::kEveryHeadDim, {.fp8_out = DType::kFP16}},
+    {DType::kBF16, 128, {.pingpong = false}},
+    {DType::kBF16, 128, {.intra_warpgroup_overlap = false}},
+    {DType::kBF16, 128, {.pingpong = false, .intra_warpgroup_overlap = false}},
+    {DType::kBF16, 128, {.warp_specialization = false}},
+    {DType::kE4M3, 128, {.pingpong = false}},
+    {DType::kE4M3, 128, {.intra_warpgroup_overlap = false}},
+    {DType::kE4M3, 128, {.pingpong = false, .intra_warpgroup_overlap = false}},
+};
+inline constexpr size_t kNumBuiltVariants = sizeof(kBuiltVariants) / sizeof(kBuiltVariants[0]);
+
+// Whether some kernel runs a forward call with these arguments (given that
+// its dtype and head dim are compiled into the build).
+constexpr bool variant_built(DType dtype, int head_dim, KernelOptions const& options, DType fp8_out) {
+  for (BuiltVariant const& row : kBuiltVariants) {
+    if (row.selected_by(dtype, head_dim, options, fp8_out)) return true;
+  }
+  return false;
+}
+
+}  // namespace flash3::fwd
