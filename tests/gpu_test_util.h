@@ -19,16 +19,37 @@
 
 namespace flash3::testing {
 
-// GTEST_SKIP() with the reason when no CUDA device can be used.
-#define SKIP_WITHOUT_CUDA_DEVICE()                                                                    \
-  do {                                                                                                \
-    int device_count = 0;                                                                             \
-    const cudaError_t count_err = cudaGetDeviceCount(&device_count);                                  \
-    if (count_err != cudaSuccess) {                                                                   \
-      cudaGetLastError();                                                                             \
-      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount failed: " << cudaGetErrorString(count_err); \
-    }                                                                                                 \
-    if (device_count == 0) GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount returned 0";           \
+// Whether a CUDA device can be used. No GPU reads as cudaErrorNoDevice (or a
+// count of 0), no driver as cudaErrorInsufficientDriver: both are kAbsent.
+// Any other error is a GPU that is there but unusable: kBroken.
+struct CudaDevice {
+  enum State { kUsable, kAbsent, kBroken } state;
+  std::string reason;
+};
+inline CudaDevice cuda_device() {
+  int count = 0;
+  cudaError_t const err = cudaGetDeviceCount(&count);
+  cudaGetLastError();
+  if (err == cudaSuccess) {
+    if (count > 0) return {CudaDevice::kUsable, ""};
+    return {CudaDevice::kAbsent, "no CUDA device (cudaGetDeviceCount returned 0)"};
+  }
+  if (err == cudaErrorNoDevice) return {CudaDevice::kAbsent, "no CUDA device (cudaErrorNoDevice)"};
+  if (err == cudaErrorInsufficientDriver) {
+    return {CudaDevice::kAbsent, "no CUDA device (cudaErrorInsufficientDriver: no NVIDIA driver loaded, or one "
+                                 "older than the CUDA runtime)"};
+  }
+  return {CudaDevice::kBroken, std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err)};
+}
+
+// GTEST_SKIP() with the reason when no CUDA device is present; a failure
+// when one is there but unusable.
+#define SKIP_WITHOUT_CUDA_DEVICE()                                             \
+  do {                                                                         \
+    using CudaDevice_ = ::flash3::testing::CudaDevice;                         \
+    CudaDevice_ const device_ = ::flash3::testing::cuda_device();              \
+    if (device_.state == CudaDevice_::kAbsent) GTEST_SKIP() << device_.reason; \
+    if (device_.state == CudaDevice_::kBroken) GTEST_FAIL() << device_.reason; \
   } while (0)
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
