@@ -59,6 +59,24 @@ TEST(Validation, Sizes) {
   expect_invalid([](ForwardArgs& a) { a.batch = int64_t(1) << 30; }, "batch");
 }
 
+TEST(Validation, TileCountsDoNotWrap) {
+  // batch * heads_q * seqlen / 64 = 2^84: a 64-bit product of the sizes wraps
+  // (to 0 here), so the count must be bounded without forming it.
+  expect_invalid(
+      [](ForwardArgs& a) {
+        a.batch = a.seqlen_q = a.seqlen_k = a.heads_q = a.heads_kv = int64_t(1) << 30;
+        for (int64_t* s : {&a.q.batch_stride, &a.q.seq_stride, &a.q.head_stride, &a.k.batch_stride, &a.k.seq_stride,
+                           &a.k.head_stride, &a.v.batch_stride, &a.v.seq_stride, &a.v.head_stride,
+                           &a.o.batch_stride, &a.o.seq_stride, &a.o.head_stride}) {
+          *s = 8;
+        }
+      },
+      "batch");
+  // Each of the two counts alone (heads_q * seqlen / 64 just past 2^31 - 1).
+  expect_invalid([](ForwardArgs& a) { a.batch = 1, a.heads_q = 1 << 16, a.heads_kv = 1, a.seqlen_q = 1 << 21; }, "batch");
+  expect_invalid([](ForwardArgs& a) { a.batch = 1, a.heads_q = 1 << 16, a.heads_kv = 1, a.seqlen_k = 1 << 21; }, "batch");
+}
+
 TEST(Validation, HeadDim) {
   for (int d : {0, 32, 80, 100, 160, 512, -64}) {
     expect_invalid([d](ForwardArgs& a) { a.head_dim = d; }, "head_dim");
@@ -230,6 +248,16 @@ TEST(BackwardValidation, SharedChecks) {
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.softmax_scale = NAN; }, "softmax_scale");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.dtype = static_cast<flash3::DType>(9); }, "dtype");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.dtype = flash3::DType::kE4M3; }, "dtype");
+}
+
+TEST(BackwardValidation, TileCountsDoNotWrap) {
+  expect_invalid_backward(
+      [](flash3::BackwardArgs& a) {
+        a.batch = a.seqlen_q = a.seqlen_k = a.heads_q = a.heads_kv = int64_t(1) << 30;
+        for (auto* t : {&a.q, &a.k, &a.v, &a.o, &a.dout}) t->batch_stride = t->seq_stride = t->head_stride = 8;
+        for (auto* t : {&a.dq, &a.dk, &a.dv}) t->batch_stride = t->seq_stride = t->head_stride = 8;
+      },
+      "batch");
 }
 
 TEST(BackwardValidation, TensorsOfTheBackward) {

@@ -28,12 +28,13 @@ Status check_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t 
   if (!std::isfinite(softmax_scale) || softmax_scale < 0.f) {
     return invalid("softmax_scale: must be finite and not negative (0 selects 1/sqrt(head_dim))");
   }
-  // (m_blocks * heads * batch) tiles are counted in 32 bits; 64 is the smallest block M.
-  if (((seqlen_q + 63) / 64) * heads_q * batch > kMaxExtent) {
-    return invalid("batch: batch * heads_q * seqlen_q / 64 must be below 2^31");
-  }
-  if (((seqlen_k + 63) / 64) * heads_q * batch > kMaxExtent) {
-    return invalid("batch: batch * heads_q * seqlen_k / 64 must be below 2^31");
+  // (m_blocks * heads * batch) tiles are counted in 32 bits; 64 is the smallest
+  // block M. blocks * heads_q < 2^25 * 2^31 fits in 64 bits, its product with
+  // batch may not: compare against kMaxExtent / batch instead.
+  for (auto const& [seqlen, name] : {std::pair{seqlen_q, "seqlen_q"}, std::pair{seqlen_k, "seqlen_k"}}) {
+    if (batch > 0 && (seqlen + 63) / 64 * heads_q > kMaxExtent / batch) {
+      return invalid(std::string("batch: batch * heads_q * ") + name + " / 64 must be below 2^31");
+    }
   }
   return Status();
 }
