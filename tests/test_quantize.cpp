@@ -77,6 +77,10 @@ TEST(QuantizeValidation, ValidArgumentsPass) {
                         &a.k_out.head_stride, &a.v_out.head_stride}) {
           *s = d;
         }
+        for (auto* s : {&a.q.batch_stride, &a.q_out.batch_stride}) *s = a.seqlen_q * 8 * d;
+        for (auto* s : {&a.k.batch_stride, &a.v.batch_stride, &a.k_out.batch_stride, &a.v_out.batch_stride}) {
+          *s = a.seqlen_k * 2 * d;
+        }
         EXPECT_TRUE(flash3::validate(a).ok()) << d;
       }
     }
@@ -153,6 +157,15 @@ TEST(QuantizeValidation, Strides) {
   expect_invalid([](QuantizeArgs& a) { a.v_out.batch_stride += 8; }, "v_out.batch_stride:");
   expect_invalid([](QuantizeArgs& a) { a.q_out.seq_stride = -1024; }, "q_out.seq_stride:");
   expect_invalid([](QuantizeArgs& a) { a.v_out.dim_stride = -1; }, "v_out.dim_stride:");
+  // An output must not overlap itself (inputs may).
+  expect_invalid([](QuantizeArgs& a) { a.q_out.seq_stride = 16; }, "q_out.seq_stride:");
+  expect_invalid([](QuantizeArgs& a) { a.k_out.head_stride = 64; }, "k_out.head_stride:");
+  expect_invalid([](QuantizeArgs& a) { a.v_out.batch_stride = 100 * a.v_out.seq_stride; }, "v_out.batch_stride:");
+  {
+    QuantizeArgs a = valid_args();
+    a.q.seq_stride = a.k.head_stride = 8;
+    EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  }
   // A multiple of 8 elements is enough for a 2-byte input, not for a 1-byte output.
   {
     QuantizeArgs a = valid_args();

@@ -31,6 +31,19 @@ ForwardArgs valid_args() {
   return a;
 }
 
+// Dense rows of 8 heads of head dim `d` (K and V's 2 heads padded to 8): a
+// layout valid for every head dim.
+template <class Pointer>
+void rows_of_8_heads(flash3::TensorRef<Pointer>& t, int64_t seqlen, int64_t d) {
+  t = flash3::contiguous<Pointer>(t.data, seqlen, 8, d);
+}
+
+void set_head_dim(ForwardArgs& a, int d) {
+  a.head_dim = d;
+  for (auto* t : {&a.q, &a.k, &a.v}) rows_of_8_heads(*t, t == &a.q ? a.seqlen_q : a.seqlen_k, d);
+  rows_of_8_heads(a.o, a.seqlen_q, d);
+}
+
 void expect_invalid(std::function<void(ForwardArgs&)> const& edit, std::string const& names) {
   flash3::testing::expect_invalid_args(valid_args(), edit, names);
 }
@@ -42,8 +55,7 @@ TEST(Validation, ValidArgumentsPass) {
 TEST(Validation, EachHeadDimIsAccepted) {
   for (int d : {64, 96, 128, 192, 256}) {
     ForwardArgs a = valid_args();
-    a.head_dim = d;
-    for (auto* t : {&a.q.seq_stride, &a.k.seq_stride, &a.v.seq_stride, &a.o.seq_stride}) *t = 8 * d;
+    set_head_dim(a, d);
     EXPECT_TRUE(flash3::validate(a).ok()) << d;
   }
 }
@@ -109,8 +121,7 @@ TEST(Validation, Fp8) {
   EXPECT_TRUE(flash3::validate(valid_fp8_args()).ok());
   for (int d : {64, 256}) {
     ForwardArgs a = valid_fp8_args();
-    a.head_dim = d;
-    for (auto* t : {&a.q.seq_stride, &a.k.seq_stride, &a.v.seq_stride, &a.o.seq_stride}) *t = 16 * d;
+    set_head_dim(a, d);
     EXPECT_TRUE(flash3::validate(a).ok()) << d;
   }
   expect_invalid_fp8([](ForwardArgs& a) { a.head_dim = 96; }, "head_dim");
@@ -166,6 +177,32 @@ TEST(Validation, Strides) {
   expect_invalid([](ForwardArgs& a) { a.o.batch_stride = -1024; }, "o.batch_stride");
   expect_invalid([](ForwardArgs& a) { a.v.seq_stride = 0; }, "v.seq_stride");
   expect_invalid([](ForwardArgs& a) { a.k.batch_stride = int64_t(1) << 40; }, "k.batch_stride");
+}
+
+TEST(Validation, OutputMustNotOverlapItself) {
+  // Rows 8 elements apart share 120 of their 128 elements.
+  expect_invalid([](ForwardArgs& a) { a.o.seq_stride = 8; }, "o.seq_stride");
+  expect_invalid([](ForwardArgs& a) { a.o.head_stride = 64; }, "o.head_stride");
+  // Equal strides put two rows at one address.
+  expect_invalid([](ForwardArgs& a) { a.o.head_stride = a.o.seq_stride; }, "o.head_stride");
+  // The second batch starts inside the first one's 100 rows.
+  expect_invalid([](ForwardArgs& a) { a.o.batch_stride = 50 * a.o.seq_stride; }, "o.batch_stride");
+  expect_invalid_fp8([](ForwardArgs& a) { a.o.seq_stride = 16; }, "o.seq_stride");
+  // Modes nest in any order, padded or not: [batch, heads, seqlen, head_dim] in memory.
+  ForwardArgs a = valid_args();
+  a.o.seq_stride = a.head_dim;
+  a.o.head_stride = a.seqlen_q * a.head_dim;
+  a.o.batch_stride = a.heads_q * a.seqlen_q * a.head_dim + 64;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  // Inputs are only read: their rows may overlap.
+  a = valid_args();
+  a.q.seq_stride = a.k.head_stride = 8;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  // A mode of one index steps nowhere.
+  a = valid_args();
+  a.batch = 1;
+  a.o.batch_stride = 8;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
 }
 
 TEST(Validation, StridesOfSizeOneModesAreIgnored) {
@@ -233,10 +270,10 @@ TEST(BackwardValidation, ValidArgumentsPass) {
   for (int d : {64, 96, 192, 256}) {
     flash3::BackwardArgs a = valid_backward_args();
     a.head_dim = d;
-    for (auto* t : {&a.q.seq_stride, &a.k.seq_stride, &a.v.seq_stride, &a.o.seq_stride, &a.dout.seq_stride,
-                    &a.dq.seq_stride, &a.dk.seq_stride, &a.dv.seq_stride}) {
-      *t = 8 * d;
-    }
+    for (auto* t : {&a.q, &a.o, &a.dout}) rows_of_8_heads(*t, a.seqlen_q, d);
+    for (auto* t : {&a.k, &a.v}) rows_of_8_heads(*t, a.seqlen_k, d);
+    rows_of_8_heads(a.dq, a.seqlen_q, d);
+    for (auto* t : {&a.dk, &a.dv}) rows_of_8_heads(*t, a.seqlen_k, d);
     EXPECT_TRUE(flash3::validate(a).ok()) << d;
   }
 }
@@ -273,6 +310,16 @@ TEST(BackwardValidation, TensorsOfTheBackward) {
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.lse = reinterpret_cast<const float*>(0x60002); }, "lse");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.workspace = reinterpret_cast<void*>(0xa0010); },
                           "workspace");
+}
+
+TEST(BackwardValidation, GradientsMustNotOverlapThemselves) {
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dq.seq_stride = 8; }, "dq.seq_stride");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dk.head_stride = 64; }, "dk.head_stride");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dv.batch_stride = 100 * a.dv.seq_stride; }, "dv.batch_stride");
+  // O and dO are inputs here.
+  flash3::BackwardArgs a = valid_backward_args();
+  a.o.seq_stride = a.dout.head_stride = 8;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
 }
 
 TEST(BackwardValidation, EmptyProblems) {

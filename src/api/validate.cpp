@@ -78,11 +78,12 @@ Status validate(ForwardArgs const& a) {
   int64_t const in_bytes = element_bytes(a.dtype);
   int64_t const out_bytes = element_bytes(fp8 ? a.fp8.out_dtype : a.dtype);
   if (Status s = checks::tensor("q", a.q, a.batch, a.seqlen_q, a.heads_q, a.head_dim, in_bytes); !s.ok()) return s;
-  if (Status s = checks::tensor("o", a.o, a.batch, a.seqlen_q, a.heads_q, a.head_dim, out_bytes); !s.ok()) return s;
+  if (Status s = checks::output("o", a.o, a.batch, a.seqlen_q, a.heads_q, a.head_dim, out_bytes); !s.ok()) return s;
   if (a.seqlen_k > 0) {
     if (Status s = checks::tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
     if (Status s = checks::tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
   }
+  // LSE's layout is fixed and dense, so it cannot overlap itself: only its alignment to check.
   if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
   return Status();
 }
@@ -101,15 +102,15 @@ Status validate(BackwardArgs const& a) {
     for (auto const& [name, t] : {std::pair{"q", a.q}, std::pair{"o", a.o}, std::pair{"dout", a.dout}}) {
       if (Status s = checks::tensor(name, t, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
     }
-    if (Status s = checks::tensor("dq", a.dq, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dq", a.dq, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
     if (a.lse == nullptr) return invalid("lse: null pointer (the forward's LSE is needed)");
     if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
   }
   if (a.seqlen_k > 0) {
     if (Status s = checks::tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
     if (Status s = checks::tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::tensor("dk", a.dk, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::tensor("dv", a.dv, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dk", a.dk, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dv", a.dv, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
   }
   if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0) return invalid("workspace: must be 256-byte aligned");
   return Status();
