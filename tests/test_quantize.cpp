@@ -218,6 +218,23 @@ TEST(QuantizeValidation, EmptyProblemsAreValidNoOps) {
   EXPECT_EQ(flash3::validate(c).message().rfind("q_scale:", 0), 0u);
 }
 
+TEST(QuantizeValidation, EmptyQuantizeDoesNotTouchTheDevice) {
+  // Nothing to read or write (no batch, or neither queries nor keys): ok
+  // without querying the device. The arguments are still validated first.
+  QuantizeArgs a = valid_args();
+  a.batch = 0;
+  QuantizeArgs b = valid_args();
+  b.seqlen_q = b.seqlen_k = 0;
+  for (QuantizeArgs& empty : {std::ref(a), std::ref(b)}) {
+    Status s = flash3::quantize_fp8(empty, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+    empty.head_dim = 96;
+    s = flash3::quantize_fp8(empty, nullptr);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+    EXPECT_EQ(s.message().rfind("head_dim:", 0), 0u) << s.message();
+  }
+}
+
 // ---------------------------------------------------------------- e4m3
 
 TEST(E4M3, KnownValues) {

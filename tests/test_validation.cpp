@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <string>
 
 #include "expect_invalid.h"
@@ -229,6 +230,22 @@ TEST(Validation, EmptyProblemsAreValidNoOps) {
   EXPECT_TRUE(flash3::validate(a).ok());
 }
 
+TEST(Validation, EmptyForwardDoesNotTouchTheDevice) {
+  // Nothing to compute: ok without querying the device, so also where there
+  // is none (CI). The arguments are still validated first.
+  for (auto const& empty : std::initializer_list<std::function<void(ForwardArgs&)>>{
+           [](ForwardArgs& a) { a.batch = 0; }, [](ForwardArgs& a) { a.seqlen_q = 0; }}) {
+    ForwardArgs a = valid_args();
+    empty(a);
+    Status s = flash3::forward(a, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+    a.heads_kv = 3;
+    s = flash3::forward(a, nullptr);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+    EXPECT_EQ(s.message().rfind("heads_kv", 0), 0u) << s.message();
+  }
+}
+
 TEST(Validation, ForwardRejectsBeforeTouchingTheDevice) {
   ForwardArgs a = valid_args();
   a.head_dim = 100;
@@ -354,6 +371,23 @@ TEST(BackwardValidation, WorkspaceSize) {
   EXPECT_GE(plain - causal, size_t(2 * 8 * 3) * 2 * 128 * 128 * 4);
   a.deterministic = true;  // its turns are the dQ tiles' arrival counts, which every mode has
   EXPECT_EQ(flash3::backward_workspace_size(a), causal);
+}
+
+TEST(BackwardValidation, EmptyBackwardDoesNotTouchTheDevice) {
+  // No gradient to write (no batch, or neither queries nor keys): ok without
+  // querying the device. The arguments are still validated first.
+  for (auto const& empty : std::initializer_list<std::function<void(flash3::BackwardArgs&)>>{
+           [](flash3::BackwardArgs& a) { a.batch = 0; },
+           [](flash3::BackwardArgs& a) { a.seqlen_q = a.seqlen_k = 0; }}) {
+    flash3::BackwardArgs a = valid_backward_args();
+    empty(a);
+    Status s = flash3::backward(a, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+    a.head_dim = 80;
+    s = flash3::backward(a, nullptr);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+    EXPECT_EQ(s.message().rfind("head_dim", 0), 0u) << s.message();
+  }
 }
 
 TEST(BackwardValidation, BackwardRejectsBeforeTouchingTheDevice) {

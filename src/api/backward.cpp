@@ -1,5 +1,5 @@
-// backward(): validate, check the device, then hand over to the instance
-// compiled for the (dtype, head dim).
+// backward(): validate, return if there is no gradient to write, check the
+// device, then hand over to the instance compiled for the (dtype, head dim).
 #include <string>
 
 #include "api/device.h"
@@ -18,9 +18,10 @@ size_t backward_workspace_size(BackwardArgs const& a) {
 
 Status backward(BackwardArgs const& args, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
+  // No gradient to write: a no-op, even without a device.
+  if (args.batch == 0 || (args.seqlen_q == 0 && args.seqlen_k == 0)) return Status();
   DeviceInfo device;
   if (Status s = query_device(device); !s.ok()) return s;
-  if (args.batch == 0 || (args.seqlen_q == 0 && args.seqlen_k == 0)) return Status();
 #define FLASH3_BWD_INSTANCE(DTYPE, HEAD_DIM)                                  \
   if (args.dtype == DType::DTYPE && args.head_dim == HEAD_DIM) {              \
     return bwd::run_backward_instance<DType::DTYPE, HEAD_DIM>(args, device, stream); \
