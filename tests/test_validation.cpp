@@ -5,6 +5,7 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "expect_invalid.h"
 #include "flash3/flash3.h"
@@ -142,6 +143,54 @@ TEST(Validation, Fp8) {
   a.seqlen_k = 0;
   a.fp8.k = a.fp8.v = nullptr;
   EXPECT_TRUE(flash3::validate(a).ok());
+}
+
+TEST(Validation, KernelOptionsWithoutAKernel) {
+  using flash3::DType;
+  // Bit (pingpong | overlap << 1 | warp_specialization << 2) set: a kernel is
+  // built for those options. Every technique on everywhere; the ablations at
+  // head dim 128 only (header: KernelOptions).
+  struct Built {
+    DType dtype;
+    int head_dim;
+    DType out_dtype;
+    unsigned options;
+  };
+  std::vector<Built> table = {{DType::kBF16, 128, DType::kBF16, 0xF8}, {DType::kE4M3, 128, DType::kBF16, 0xF0},
+                              {DType::kE4M3, 128, DType::kFP16, 0x80}, {DType::kFP16, 128, DType::kFP16, 0x80}};
+  for (int d : {64, 96, 192, 256}) {
+    table.push_back({DType::kBF16, d, DType::kBF16, 0x80});
+    table.push_back({DType::kFP16, d, DType::kFP16, 0x80});
+  }
+  for (int d : {64, 256}) {
+    for (DType out : {DType::kBF16, DType::kFP16}) table.push_back({DType::kE4M3, d, out, 0x80});
+  }
+  for (Built const& b : table) {
+    for (unsigned bits = 0; bits < 16; ++bits) {
+      ForwardArgs a = b.dtype == DType::kE4M3 ? valid_fp8_args() : valid_args();
+      a.dtype = b.dtype;
+      a.fp8.out_dtype = b.out_dtype;
+      set_head_dim(a, b.head_dim);
+      a.options.pingpong = bits & 1;
+      a.options.intra_warpgroup_overlap = bits & 2;
+      a.options.warp_specialization = bits & 4;
+      a.options.persistent = bits & 8;  // any value
+      SCOPED_TRACE("dtype " + std::to_string(int(b.dtype)) + ", head_dim " + std::to_string(b.head_dim) +
+                   ", out_dtype " + std::to_string(int(b.out_dtype)) + ", options " + std::to_string(bits));
+      Status const s = flash3::validate(a);
+      if (b.options >> (bits & 7) & 1) {
+        EXPECT_TRUE(s.ok()) << s.message();
+        continue;
+      }
+      EXPECT_EQ(s.code(), Status::Code::kUnsupported);
+      EXPECT_EQ(s.message().rfind("options:", 0), 0u) << s.message();
+      // forward() gives the same answer without touching the device, for an
+      // empty problem too.
+      EXPECT_EQ(flash3::forward(a, nullptr).message(), s.message());
+      a.batch = 0;
+      EXPECT_EQ(flash3::validate(a).message(), s.message());
+    }
+  }
 }
 
 TEST(Validation, Fp8BlocksAndScaleCounts) {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "api/checks.h"
+#include "api/variants.h"
 #include "flash3/flash3.h"
 
 namespace flash3 {
@@ -73,6 +74,11 @@ Status validate(ForwardArgs const& a) {
   }
   if (fp8) {
     if (Status s = check_fp8(a); !s.ok()) return s;
+  }
+  // kUnsupported, as forward() would answer: the options are well formed, their kernel is not built.
+  if (!options_built(a.dtype, a.head_dim, a.options, a.fp8.out_dtype)) {
+    return Status(Status::Code::kUnsupported, "options: no kernel is built for these KernelOptions with this dtype "
+                                              "and head_dim " + std::to_string(a.head_dim) + " (" + kOptionsBuilt + ")");
   }
   if (a.batch == 0 || a.seqlen_q == 0) return Status();  // nothing to compute or write
   int64_t const in_bytes = element_bytes(a.dtype);
