@@ -439,6 +439,56 @@ TEST(BackwardValidation, EmptyBackwardDoesNotTouchTheDevice) {
   }
 }
 
+// Sizes or head dims the workspace size cannot be computed for, and the
+// argument each names.
+std::vector<std::pair<std::function<void(flash3::BackwardArgs&)>, std::string>> bad_workspace_sizes() {
+  return {{[](flash3::BackwardArgs& a) { a.seqlen_k = -1000; }, "seqlen_k"},
+          {[](flash3::BackwardArgs& a) { a.seqlen_q = -5; }, "seqlen_q"},
+          {[](flash3::BackwardArgs& a) { a.batch = -1; }, "batch"},
+          {[](flash3::BackwardArgs& a) { a.heads_q = -8; }, "heads_q"},
+          {[](flash3::BackwardArgs& a) { a.heads_kv = 3; }, "heads_kv"},
+          {[](flash3::BackwardArgs& a) { a.head_dim = 80; }, "head_dim"},
+          {[](flash3::BackwardArgs& a) { a.batch = a.seqlen_q = a.heads_q = a.heads_kv = int64_t(1) << 30; }, "batch"}};
+}
+
+TEST(BackwardValidation, WorkspaceSizeOfInvalidSizesIsZero) {
+  // Not a wrapped or meaningless size: 0, and backward() reports the argument.
+  for (auto const& [edit, name] : bad_workspace_sizes()) {
+    flash3::BackwardArgs a = valid_backward_args();
+    edit(a);
+    EXPECT_EQ(flash3::backward_workspace_size(a), 0u) << name;
+  }
+}
+
+TEST(BackwardValidation, WorkspaceSizeWithStatus) {
+  for (auto const& [edit, name] : bad_workspace_sizes()) {
+    flash3::BackwardArgs a = valid_backward_args();
+    edit(a);
+    size_t bytes = 1;
+    Status const s = flash3::backward_workspace_size(a, &bytes);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << name;
+    EXPECT_EQ(s.message().rfind(name, 0), 0u) << s.message();
+    EXPECT_EQ(s.message(), flash3::validate(a).message());
+    EXPECT_EQ(bytes, 0u) << name;
+  }
+  flash3::BackwardArgs a = valid_backward_args();
+  size_t bytes = 0;
+  EXPECT_TRUE(flash3::backward_workspace_size(a, &bytes).ok());
+  EXPECT_EQ(bytes, flash3::backward_workspace_size(a));
+  EXPECT_GT(bytes, 0u);
+  // Only the sizes, head dim, mask and mode are read: no pointers needed yet.
+  a.q.data = a.dq.data = nullptr;
+  a.lse = nullptr;
+  EXPECT_TRUE(flash3::backward_workspace_size(a, &bytes).ok());
+  a.seqlen_q = 0;  // no query: dK = dV = 0 need no workspace
+  bytes = 1;
+  EXPECT_TRUE(flash3::backward_workspace_size(a, &bytes).ok());
+  EXPECT_EQ(bytes, 0u);
+  Status const s = flash3::backward_workspace_size(a, nullptr);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("bytes", 0), 0u) << s.message();
+}
+
 TEST(BackwardValidation, BackwardRejectsBeforeTouchingTheDevice) {
   flash3::BackwardArgs a = valid_backward_args();
   a.dk.data = nullptr;

@@ -200,8 +200,15 @@ struct BackwardArgs {
   void* workspace = nullptr;
 };
 
-// Bytes of workspace backward() needs for these sizes, mask and mode (0 for an
-// empty problem). The same on every device.
+// Bytes of workspace backward() needs for these sizes, mask and mode, in
+// *bytes: 0 when there is no query (batch or seqlen_q 0). The same on every
+// device. Reads only the sizes, head dim, causal and deterministic; when the
+// sizes or head dim are invalid, returns kInvalidArgument naming the argument
+// (as validate() would) and sets *bytes to 0.
+Status backward_workspace_size(const BackwardArgs& args, size_t* bytes);
+
+// As above, returning the bytes: 0 also for invalid sizes or head dim, which
+// backward() then reports.
 size_t backward_workspace_size(const BackwardArgs& args);
 
 // As validate(ForwardArgs), plus dO, LSE, dQ/dK/dV and the workspace.

@@ -1,5 +1,5 @@
-// Argument checks that validate(ForwardArgs), validate(BackwardArgs) and
-// validate(QuantizeArgs) share. Host code only: nothing here touches the
+// Argument checks that validate(ForwardArgs), validate(BackwardArgs),
+// validate(QuantizeArgs) and backward_workspace_size share. Host code only: nothing here touches the
 // device, so every check runs in CI. Each failure is kInvalidArgument with a
 // message that starts with the argument's name.
 #pragma once
@@ -37,6 +37,26 @@ inline Status sizes(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t h
     if (s.value > kMaxExtent) return invalid(std::string(s.name) + ": must be below 2^31");
   }
   if (heads_q % heads_kv != 0) return invalid("heads_kv: must divide heads_q (MHA, GQA or MQA)");
+  return Status();
+}
+
+// The sizes and head dim of the attention passes: as sizes(), a head dim they
+// are built for, and tile counts below 2^31.
+inline Status attention_sizes(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
+                              int64_t head_dim) {
+  if (Status s = sizes(batch, seqlen_q, seqlen_k, heads_q, heads_kv); !s.ok()) return s;
+  switch (head_dim) {
+    case 64: case 96: case 128: case 192: case 256: break;
+    default: return invalid("head_dim: must be 64, 96, 128, 192 or 256, got " + std::to_string(head_dim));
+  }
+  // (m_blocks * heads * batch) tiles are counted in 32 bits; 64 is the smallest
+  // block M. blocks * heads_q < 2^25 * 2^31 fits in 64 bits, its product with
+  // batch may not: compare against kMaxExtent / batch instead.
+  for (auto const& [seqlen, name] : {std::pair{seqlen_q, "seqlen_q"}, std::pair{seqlen_k, "seqlen_k"}}) {
+    if (batch > 0 && (seqlen + 63) / 64 * heads_q > kMaxExtent / batch) {
+      return invalid(std::string("batch: batch * heads_q * ") + name + " / 64 must be below 2^31");
+    }
+  }
   return Status();
 }
 

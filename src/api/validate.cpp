@@ -14,28 +14,15 @@ namespace flash3 {
 namespace {
 
 using checks::invalid;
-using checks::kMaxExtent;
 
 int64_t element_bytes(DType dtype) { return dtype == DType::kE4M3 ? 1 : 2; }
 
 // The sizes, head dim and scale both passes share.
 Status check_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                      int64_t heads_kv, int64_t head_dim, float softmax_scale) {
-  if (Status s = checks::sizes(batch, seqlen_q, seqlen_k, heads_q, heads_kv); !s.ok()) return s;
-  switch (head_dim) {
-    case 64: case 96: case 128: case 192: case 256: break;
-    default: return invalid("head_dim: must be 64, 96, 128, 192 or 256, got " + std::to_string(head_dim));
-  }
+  if (Status s = checks::attention_sizes(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim); !s.ok()) return s;
   if (!std::isfinite(softmax_scale) || softmax_scale < 0.f) {
     return invalid("softmax_scale: must be finite and not negative (0 selects 1/sqrt(head_dim))");
-  }
-  // (m_blocks * heads * batch) tiles are counted in 32 bits; 64 is the smallest
-  // block M. blocks * heads_q < 2^25 * 2^31 fits in 64 bits, its product with
-  // batch may not: compare against kMaxExtent / batch instead.
-  for (auto const& [seqlen, name] : {std::pair{seqlen_q, "seqlen_q"}, std::pair{seqlen_k, "seqlen_k"}}) {
-    if (batch > 0 && (seqlen + 63) / 64 * heads_q > kMaxExtent / batch) {
-      return invalid(std::string("batch: batch * heads_q * ") + name + " / 64 must be below 2^31");
-    }
   }
   return Status();
 }
