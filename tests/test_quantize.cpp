@@ -77,6 +77,10 @@ TEST(QuantizeValidation, ValidArgumentsPass) {
                         &a.k_out.head_stride, &a.v_out.head_stride}) {
           *s = d;
         }
+        for (auto* s : {&a.q.batch_stride, &a.q_out.batch_stride}) *s = a.seqlen_q * 8 * d;
+        for (auto* s : {&a.k.batch_stride, &a.v.batch_stride, &a.k_out.batch_stride, &a.v_out.batch_stride}) {
+          *s = a.seqlen_k * 2 * d;
+        }
         EXPECT_TRUE(flash3::validate(a).ok()) << d;
       }
     }
@@ -153,6 +157,15 @@ TEST(QuantizeValidation, Strides) {
   expect_invalid([](QuantizeArgs& a) { a.v_out.batch_stride += 8; }, "v_out.batch_stride:");
   expect_invalid([](QuantizeArgs& a) { a.q_out.seq_stride = -1024; }, "q_out.seq_stride:");
   expect_invalid([](QuantizeArgs& a) { a.v_out.dim_stride = -1; }, "v_out.dim_stride:");
+  // An output must not overlap itself (inputs may).
+  expect_invalid([](QuantizeArgs& a) { a.q_out.seq_stride = 16; }, "q_out.seq_stride:");
+  expect_invalid([](QuantizeArgs& a) { a.k_out.head_stride = 64; }, "k_out.head_stride:");
+  expect_invalid([](QuantizeArgs& a) { a.v_out.batch_stride = 100 * a.v_out.seq_stride; }, "v_out.batch_stride:");
+  {
+    QuantizeArgs a = valid_args();
+    a.q.seq_stride = a.k.head_stride = 8;
+    EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  }
   // A multiple of 8 elements is enough for a 2-byte input, not for a 1-byte output.
   {
     QuantizeArgs a = valid_args();
@@ -203,6 +216,23 @@ TEST(QuantizeValidation, EmptyProblemsAreValidNoOps) {
   EXPECT_TRUE(flash3::validate(c).ok());
   c.q_scale = nullptr;
   EXPECT_EQ(flash3::validate(c).message().rfind("q_scale:", 0), 0u);
+}
+
+TEST(QuantizeValidation, EmptyQuantizeDoesNotTouchTheDevice) {
+  // Nothing to read or write (no batch, or neither queries nor keys): ok
+  // without querying the device. The arguments are still validated first.
+  QuantizeArgs a = valid_args();
+  a.batch = 0;
+  QuantizeArgs b = valid_args();
+  b.seqlen_q = b.seqlen_k = 0;
+  for (QuantizeArgs& empty : {std::ref(a), std::ref(b)}) {
+    Status s = flash3::quantize_fp8(empty, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+    empty.head_dim = 96;
+    s = flash3::quantize_fp8(empty, nullptr);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+    EXPECT_EQ(s.message().rfind("head_dim:", 0), 0u) << s.message();
+  }
 }
 
 // ---------------------------------------------------------------- e4m3

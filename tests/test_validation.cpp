@@ -3,7 +3,9 @@
 
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "expect_invalid.h"
 #include "flash3/flash3.h"
@@ -31,6 +33,19 @@ ForwardArgs valid_args() {
   return a;
 }
 
+// Dense rows of 8 heads of head dim `d` (K and V's 2 heads padded to 8): a
+// layout valid for every head dim.
+template <class Pointer>
+void rows_of_8_heads(flash3::TensorRef<Pointer>& t, int64_t seqlen, int64_t d) {
+  t = flash3::contiguous<Pointer>(t.data, seqlen, 8, d);
+}
+
+void set_head_dim(ForwardArgs& a, int d) {
+  a.head_dim = d;
+  for (auto* t : {&a.q, &a.k, &a.v}) rows_of_8_heads(*t, t == &a.q ? a.seqlen_q : a.seqlen_k, d);
+  rows_of_8_heads(a.o, a.seqlen_q, d);
+}
+
 void expect_invalid(std::function<void(ForwardArgs&)> const& edit, std::string const& names) {
   flash3::testing::expect_invalid_args(valid_args(), edit, names);
 }
@@ -42,8 +57,7 @@ TEST(Validation, ValidArgumentsPass) {
 TEST(Validation, EachHeadDimIsAccepted) {
   for (int d : {64, 96, 128, 192, 256}) {
     ForwardArgs a = valid_args();
-    a.head_dim = d;
-    for (auto* t : {&a.q.seq_stride, &a.k.seq_stride, &a.v.seq_stride, &a.o.seq_stride}) *t = 8 * d;
+    set_head_dim(a, d);
     EXPECT_TRUE(flash3::validate(a).ok()) << d;
   }
 }
@@ -57,6 +71,24 @@ TEST(Validation, Sizes) {
   expect_invalid([](ForwardArgs& a) { a.heads_kv = 0; }, "heads_kv");
   expect_invalid([](ForwardArgs& a) { a.heads_kv = 3; }, "heads_kv");
   expect_invalid([](ForwardArgs& a) { a.batch = int64_t(1) << 30; }, "batch");
+}
+
+TEST(Validation, TileCountsDoNotWrap) {
+  // batch * heads_q * seqlen / 64 = 2^84: a 64-bit product of the sizes wraps
+  // (to 0 here), so the count must be bounded without forming it.
+  expect_invalid(
+      [](ForwardArgs& a) {
+        a.batch = a.seqlen_q = a.seqlen_k = a.heads_q = a.heads_kv = int64_t(1) << 30;
+        for (int64_t* s : {&a.q.batch_stride, &a.q.seq_stride, &a.q.head_stride, &a.k.batch_stride, &a.k.seq_stride,
+                           &a.k.head_stride, &a.v.batch_stride, &a.v.seq_stride, &a.v.head_stride,
+                           &a.o.batch_stride, &a.o.seq_stride, &a.o.head_stride}) {
+          *s = 8;
+        }
+      },
+      "batch");
+  // Each of the two counts alone (heads_q * seqlen / 64 just past 2^31 - 1).
+  expect_invalid([](ForwardArgs& a) { a.batch = 1, a.heads_q = 1 << 16, a.heads_kv = 1, a.seqlen_q = 1 << 21; }, "batch");
+  expect_invalid([](ForwardArgs& a) { a.batch = 1, a.heads_q = 1 << 16, a.heads_kv = 1, a.seqlen_k = 1 << 21; }, "batch");
 }
 
 TEST(Validation, HeadDim) {
@@ -91,8 +123,7 @@ TEST(Validation, Fp8) {
   EXPECT_TRUE(flash3::validate(valid_fp8_args()).ok());
   for (int d : {64, 256}) {
     ForwardArgs a = valid_fp8_args();
-    a.head_dim = d;
-    for (auto* t : {&a.q.seq_stride, &a.k.seq_stride, &a.v.seq_stride, &a.o.seq_stride}) *t = 16 * d;
+    set_head_dim(a, d);
     EXPECT_TRUE(flash3::validate(a).ok()) << d;
   }
   expect_invalid_fp8([](ForwardArgs& a) { a.head_dim = 96; }, "head_dim");
@@ -112,6 +143,54 @@ TEST(Validation, Fp8) {
   a.seqlen_k = 0;
   a.fp8.k = a.fp8.v = nullptr;
   EXPECT_TRUE(flash3::validate(a).ok());
+}
+
+TEST(Validation, KernelOptionsWithoutAKernel) {
+  using flash3::DType;
+  // Bit (pingpong | overlap << 1 | warp_specialization << 2) set: a kernel is
+  // built for those options. Every technique on everywhere; the ablations at
+  // head dim 128 only (header: KernelOptions).
+  struct Built {
+    DType dtype;
+    int head_dim;
+    DType out_dtype;
+    unsigned options;
+  };
+  std::vector<Built> table = {{DType::kBF16, 128, DType::kBF16, 0xF8}, {DType::kE4M3, 128, DType::kBF16, 0xF0},
+                              {DType::kE4M3, 128, DType::kFP16, 0x80}, {DType::kFP16, 128, DType::kFP16, 0x80}};
+  for (int d : {64, 96, 192, 256}) {
+    table.push_back({DType::kBF16, d, DType::kBF16, 0x80});
+    table.push_back({DType::kFP16, d, DType::kFP16, 0x80});
+  }
+  for (int d : {64, 256}) {
+    for (DType out : {DType::kBF16, DType::kFP16}) table.push_back({DType::kE4M3, d, out, 0x80});
+  }
+  for (Built const& b : table) {
+    for (unsigned bits = 0; bits < 16; ++bits) {
+      ForwardArgs a = b.dtype == DType::kE4M3 ? valid_fp8_args() : valid_args();
+      a.dtype = b.dtype;
+      a.fp8.out_dtype = b.out_dtype;
+      set_head_dim(a, b.head_dim);
+      a.options.pingpong = bits & 1;
+      a.options.intra_warpgroup_overlap = bits & 2;
+      a.options.warp_specialization = bits & 4;
+      a.options.persistent = bits & 8;  // any value
+      SCOPED_TRACE("dtype " + std::to_string(int(b.dtype)) + ", head_dim " + std::to_string(b.head_dim) +
+                   ", out_dtype " + std::to_string(int(b.out_dtype)) + ", options " + std::to_string(bits));
+      Status const s = flash3::validate(a);
+      if (b.options >> (bits & 7) & 1) {
+        EXPECT_TRUE(s.ok()) << s.message();
+        continue;
+      }
+      EXPECT_EQ(s.code(), Status::Code::kUnsupported);
+      EXPECT_EQ(s.message().rfind("options:", 0), 0u) << s.message();
+      // forward() gives the same answer without touching the device, for an
+      // empty problem too.
+      EXPECT_EQ(flash3::forward(a, nullptr).message(), s.message());
+      a.batch = 0;
+      EXPECT_EQ(flash3::validate(a).message(), s.message());
+    }
+  }
 }
 
 TEST(Validation, Fp8BlocksAndScaleCounts) {
@@ -150,6 +229,32 @@ TEST(Validation, Strides) {
   expect_invalid([](ForwardArgs& a) { a.k.batch_stride = int64_t(1) << 40; }, "k.batch_stride");
 }
 
+TEST(Validation, OutputMustNotOverlapItself) {
+  // Rows 8 elements apart share 120 of their 128 elements.
+  expect_invalid([](ForwardArgs& a) { a.o.seq_stride = 8; }, "o.seq_stride");
+  expect_invalid([](ForwardArgs& a) { a.o.head_stride = 64; }, "o.head_stride");
+  // Equal strides put two rows at one address.
+  expect_invalid([](ForwardArgs& a) { a.o.head_stride = a.o.seq_stride; }, "o.head_stride");
+  // The second batch starts inside the first one's 100 rows.
+  expect_invalid([](ForwardArgs& a) { a.o.batch_stride = 50 * a.o.seq_stride; }, "o.batch_stride");
+  expect_invalid_fp8([](ForwardArgs& a) { a.o.seq_stride = 16; }, "o.seq_stride");
+  // Modes nest in any order, padded or not: [batch, heads, seqlen, head_dim] in memory.
+  ForwardArgs a = valid_args();
+  a.o.seq_stride = a.head_dim;
+  a.o.head_stride = a.seqlen_q * a.head_dim;
+  a.o.batch_stride = a.heads_q * a.seqlen_q * a.head_dim + 64;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  // Inputs are only read: their rows may overlap.
+  a = valid_args();
+  a.q.seq_stride = a.k.head_stride = 8;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  // A mode of one index steps nowhere.
+  a = valid_args();
+  a.batch = 1;
+  a.o.batch_stride = 8;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+}
+
 TEST(Validation, StridesOfSizeOneModesAreIgnored) {
   ForwardArgs a = valid_args();
   a.batch = 1;
@@ -172,6 +277,22 @@ TEST(Validation, EmptyProblemsAreValidNoOps) {
   a.seqlen_k = 0;  // no keys: O = 0, LSE = +inf; K and V are not read
   a.k.data = nullptr;
   EXPECT_TRUE(flash3::validate(a).ok());
+}
+
+TEST(Validation, EmptyForwardDoesNotTouchTheDevice) {
+  // Nothing to compute: ok without querying the device, so also where there
+  // is none (CI). The arguments are still validated first.
+  for (auto const& empty : std::initializer_list<std::function<void(ForwardArgs&)>>{
+           [](ForwardArgs& a) { a.batch = 0; }, [](ForwardArgs& a) { a.seqlen_q = 0; }}) {
+    ForwardArgs a = valid_args();
+    empty(a);
+    Status s = flash3::forward(a, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+    a.heads_kv = 3;
+    s = flash3::forward(a, nullptr);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+    EXPECT_EQ(s.message().rfind("heads_kv", 0), 0u) << s.message();
+  }
 }
 
 TEST(Validation, ForwardRejectsBeforeTouchingTheDevice) {
@@ -215,10 +336,10 @@ TEST(BackwardValidation, ValidArgumentsPass) {
   for (int d : {64, 96, 192, 256}) {
     flash3::BackwardArgs a = valid_backward_args();
     a.head_dim = d;
-    for (auto* t : {&a.q.seq_stride, &a.k.seq_stride, &a.v.seq_stride, &a.o.seq_stride, &a.dout.seq_stride,
-                    &a.dq.seq_stride, &a.dk.seq_stride, &a.dv.seq_stride}) {
-      *t = 8 * d;
-    }
+    for (auto* t : {&a.q, &a.o, &a.dout}) rows_of_8_heads(*t, a.seqlen_q, d);
+    for (auto* t : {&a.k, &a.v}) rows_of_8_heads(*t, a.seqlen_k, d);
+    rows_of_8_heads(a.dq, a.seqlen_q, d);
+    for (auto* t : {&a.dk, &a.dv}) rows_of_8_heads(*t, a.seqlen_k, d);
     EXPECT_TRUE(flash3::validate(a).ok()) << d;
   }
 }
@@ -230,6 +351,16 @@ TEST(BackwardValidation, SharedChecks) {
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.softmax_scale = NAN; }, "softmax_scale");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.dtype = static_cast<flash3::DType>(9); }, "dtype");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.dtype = flash3::DType::kE4M3; }, "dtype");
+}
+
+TEST(BackwardValidation, TileCountsDoNotWrap) {
+  expect_invalid_backward(
+      [](flash3::BackwardArgs& a) {
+        a.batch = a.seqlen_q = a.seqlen_k = a.heads_q = a.heads_kv = int64_t(1) << 30;
+        for (auto* t : {&a.q, &a.k, &a.v, &a.o, &a.dout}) t->batch_stride = t->seq_stride = t->head_stride = 8;
+        for (auto* t : {&a.dq, &a.dk, &a.dv}) t->batch_stride = t->seq_stride = t->head_stride = 8;
+      },
+      "batch");
 }
 
 TEST(BackwardValidation, TensorsOfTheBackward) {
@@ -245,6 +376,16 @@ TEST(BackwardValidation, TensorsOfTheBackward) {
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.lse = reinterpret_cast<const float*>(0x60002); }, "lse");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.workspace = reinterpret_cast<void*>(0xa0010); },
                           "workspace");
+}
+
+TEST(BackwardValidation, GradientsMustNotOverlapThemselves) {
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dq.seq_stride = 8; }, "dq.seq_stride");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dk.head_stride = 64; }, "dk.head_stride");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dv.batch_stride = 100 * a.dv.seq_stride; }, "dv.batch_stride");
+  // O and dO are inputs here.
+  flash3::BackwardArgs a = valid_backward_args();
+  a.o.seq_stride = a.dout.head_stride = 8;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
 }
 
 TEST(BackwardValidation, EmptyProblems) {
@@ -279,6 +420,73 @@ TEST(BackwardValidation, WorkspaceSize) {
   EXPECT_GE(plain - causal, size_t(2 * 8 * 3) * 2 * 128 * 128 * 4);
   a.deterministic = true;  // its turns are the dQ tiles' arrival counts, which every mode has
   EXPECT_EQ(flash3::backward_workspace_size(a), causal);
+}
+
+TEST(BackwardValidation, EmptyBackwardDoesNotTouchTheDevice) {
+  // No gradient to write (no batch, or neither queries nor keys): ok without
+  // querying the device. The arguments are still validated first.
+  for (auto const& empty : std::initializer_list<std::function<void(flash3::BackwardArgs&)>>{
+           [](flash3::BackwardArgs& a) { a.batch = 0; },
+           [](flash3::BackwardArgs& a) { a.seqlen_q = a.seqlen_k = 0; }}) {
+    flash3::BackwardArgs a = valid_backward_args();
+    empty(a);
+    Status s = flash3::backward(a, nullptr);
+    EXPECT_TRUE(s.ok()) << s.message();
+    a.head_dim = 80;
+    s = flash3::backward(a, nullptr);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+    EXPECT_EQ(s.message().rfind("head_dim", 0), 0u) << s.message();
+  }
+}
+
+// Sizes or head dims the workspace size cannot be computed for, and the
+// argument each names.
+std::vector<std::pair<std::function<void(flash3::BackwardArgs&)>, std::string>> bad_workspace_sizes() {
+  return {{[](flash3::BackwardArgs& a) { a.seqlen_k = -1000; }, "seqlen_k"},
+          {[](flash3::BackwardArgs& a) { a.seqlen_q = -5; }, "seqlen_q"},
+          {[](flash3::BackwardArgs& a) { a.batch = -1; }, "batch"},
+          {[](flash3::BackwardArgs& a) { a.heads_q = -8; }, "heads_q"},
+          {[](flash3::BackwardArgs& a) { a.heads_kv = 3; }, "heads_kv"},
+          {[](flash3::BackwardArgs& a) { a.head_dim = 80; }, "head_dim"},
+          {[](flash3::BackwardArgs& a) { a.batch = a.seqlen_q = a.heads_q = a.heads_kv = int64_t(1) << 30; }, "batch"}};
+}
+
+TEST(BackwardValidation, WorkspaceSizeOfInvalidSizesIsZero) {
+  // Not a wrapped or meaningless size: 0, and backward() reports the argument.
+  for (auto const& [edit, name] : bad_workspace_sizes()) {
+    flash3::BackwardArgs a = valid_backward_args();
+    edit(a);
+    EXPECT_EQ(flash3::backward_workspace_size(a), 0u) << name;
+  }
+}
+
+TEST(BackwardValidation, WorkspaceSizeWithStatus) {
+  for (auto const& [edit, name] : bad_workspace_sizes()) {
+    flash3::BackwardArgs a = valid_backward_args();
+    edit(a);
+    size_t bytes = 1;
+    Status const s = flash3::backward_workspace_size(a, &bytes);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << name;
+    EXPECT_EQ(s.message().rfind(name, 0), 0u) << s.message();
+    EXPECT_EQ(s.message(), flash3::validate(a).message());
+    EXPECT_EQ(bytes, 0u) << name;
+  }
+  flash3::BackwardArgs a = valid_backward_args();
+  size_t bytes = 0;
+  EXPECT_TRUE(flash3::backward_workspace_size(a, &bytes).ok());
+  EXPECT_EQ(bytes, flash3::backward_workspace_size(a));
+  EXPECT_GT(bytes, 0u);
+  // Only the sizes, head dim, mask and mode are read: no pointers needed yet.
+  a.q.data = a.dq.data = nullptr;
+  a.lse = nullptr;
+  EXPECT_TRUE(flash3::backward_workspace_size(a, &bytes).ok());
+  a.seqlen_q = 0;  // no query: dK = dV = 0 need no workspace
+  bytes = 1;
+  EXPECT_TRUE(flash3::backward_workspace_size(a, &bytes).ok());
+  EXPECT_EQ(bytes, 0u);
+  Status const s = flash3::backward_workspace_size(a, nullptr);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("bytes", 0), 0u) << s.message();
 }
 
 TEST(BackwardValidation, BackwardRejectsBeforeTouchingTheDevice) {

@@ -6,7 +6,10 @@
 // Layout of every Q/K/V/O tensor: [batch, seqlen, heads, head_dim], with
 // arbitrary (64-bit, element-counted) strides for batch, seqlen and heads and a
 // contiguous head dimension. Packed QKV tensors are described by pointing Q, K
-// and V into the same buffer with the packed strides.
+// and V into the same buffer with the packed strides. An output (O, dQ, dK,
+// dV, the quantizer's) must not overlap itself: sorted by stride, each of its
+// modes of more than one index steps past all that the head dim and the
+// smaller modes span.
 #pragma once
 
 #include <cstddef>
@@ -66,8 +69,8 @@ TensorRef<Pointer> contiguous(Pointer data, int64_t seqlen, int64_t heads, int64
 // default; turning one off gives a slower kernel that computes the same result.
 // The variants are built for head dim 128 only (bf16, and e4m3 with a bf16 O
 // for pingpong and the overlap; bf16 with the other two on for
-// warp_specialization); other combinations return kUnsupported. persistent
-// works everywhere.
+// warp_specialization); validate() and forward() return kUnsupported for
+// other combinations, whatever the sizes. persistent works everywhere.
 struct KernelOptions {
   bool pingpong = true;            // §3.1: named barriers order the consumer warpgroups' GEMMs (they take turns)
   bool intra_warpgroup_overlap = true;  // §3.2, Algorithm 2: softmax of block j overlaps QK^T of block j+1
@@ -139,7 +142,9 @@ struct ForwardArgs {
 };
 
 // Checks the arguments without touching the device: sizes, head dim, pointers
-// and their alignment, strides. Returns kInvalidArgument naming the argument.
+// and their alignment, strides. Returns kInvalidArgument naming the argument,
+// or kUnsupported (message starting "options") for KernelOptions no kernel is
+// built for.
 Status validate(const ForwardArgs& args);
 
 // O = softmax(scale * Q K^T [+ causal mask]) V, and the LSE if asked for.
@@ -149,7 +154,9 @@ Status validate(const ForwardArgs& args);
 // tiles than SMs claims them from a 4-byte counter that flash3 allocates in
 // stream order the first time a stream (cudaStreamPerThread: a host thread)
 // is used, keeps for the process's lifetime, and that every launch leaves
-// zero (under graph capture, the graph's own allocation).
+// zero (under graph capture, the graph's own allocation). With batch or
+// seqlen_q 0 there is nothing to write: it validates and returns, without
+// touching the device.
 Status forward(const ForwardArgs& args, cudaStream_t stream);
 
 // The gradients of forward(): dQ, dK, dV from dO, for training.
@@ -193,14 +200,23 @@ struct BackwardArgs {
   void* workspace = nullptr;
 };
 
-// Bytes of workspace backward() needs for these sizes, mask and mode (0 for an
-// empty problem). The same on every device.
+// Bytes of workspace backward() needs for these sizes, mask and mode, in
+// *bytes: 0 when there is no query (batch or seqlen_q 0). The same on every
+// device. Reads only the sizes, head dim, causal and deterministic; when the
+// sizes or head dim are invalid, returns kInvalidArgument naming the argument
+// (as validate() would) and sets *bytes to 0.
+Status backward_workspace_size(const BackwardArgs& args, size_t* bytes);
+
+// As above, returning the bytes: 0 also for invalid sizes or head dim, which
+// backward() then reports.
 size_t backward_workspace_size(const BackwardArgs& args);
 
 // As validate(ForwardArgs), plus dO, LSE, dQ/dK/dV and the workspace.
 Status validate(const BackwardArgs& args);
 
 // Validates, then enqueues the backward kernels on `stream` (asynchronous).
+// With batch 0, or seqlen_q and seqlen_k both 0, there is no gradient to
+// write: it validates and returns, without touching the device.
 Status backward(const BackwardArgs& args, cudaStream_t stream);
 
 // FP8 quantization for the forward pass (paper §3.3): Q, K, V in bf16/fp16
@@ -235,7 +251,9 @@ struct QuantizeArgs {
 
 Status validate(const QuantizeArgs& args);
 
-// Validates, then enqueues the quantization on `stream` (asynchronous).
+// Validates, then enqueues the quantization on `stream` (asynchronous). With
+// batch 0, or seqlen_q and seqlen_k both 0, there is nothing to write: it
+// validates and returns, without touching the device.
 Status quantize_fp8(const QuantizeArgs& args, cudaStream_t stream);
 
 }  // namespace flash3

@@ -1,7 +1,8 @@
-// backward(): validate, check the device, then hand over to the instance
-// compiled for the (dtype, head dim).
+// backward(): validate, return if there is no gradient to write, check the
+// device, then hand over to the instance compiled for the (dtype, head dim).
 #include <string>
 
+#include "api/checks.h"
 #include "api/device.h"
 #include "bwd/registry.h"
 #include "bwd/workspace.h"
@@ -9,18 +10,32 @@
 
 namespace flash3 {
 
+Status backward_workspace_size(BackwardArgs const& a, size_t* bytes) {
+  if (bytes == nullptr) return checks::invalid("bytes: null pointer");
+  *bytes = 0;
+  // Sizes validate() accepts keep the layout's arithmetic far from overflow.
+  if (Status s = checks::attention_sizes(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim);
+      !s.ok()) {
+    return s;
+  }
+  if (a.batch == 0 || a.seqlen_q == 0) return Status();  // no query: no dQ, LSE or dK/dV sums to hold
+  *bytes = bwd::workspace_layout(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim, a.causal,
+                                 a.deterministic)
+               .bytes;
+  return Status();
+}
+
 size_t backward_workspace_size(BackwardArgs const& a) {
-  if (a.batch <= 0 || a.seqlen_q <= 0 || a.heads_q <= 0 || a.heads_kv <= 0 || a.head_dim <= 0) return 0;
-  return bwd::workspace_layout(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim,
-                               a.causal, a.deterministic)
-      .bytes;
+  size_t bytes = 0;
+  return backward_workspace_size(a, &bytes).ok() ? bytes : 0;
 }
 
 Status backward(BackwardArgs const& args, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
+  // No gradient to write: a no-op, even without a device.
+  if (args.batch == 0 || (args.seqlen_q == 0 && args.seqlen_k == 0)) return Status();
   DeviceInfo device;
   if (Status s = query_device(device); !s.ok()) return s;
-  if (args.batch == 0 || (args.seqlen_q == 0 && args.seqlen_k == 0)) return Status();
 #define FLASH3_BWD_INSTANCE(DTYPE, HEAD_DIM)                                  \
   if (args.dtype == DType::DTYPE && args.head_dim == HEAD_DIM) {              \
     return bwd::run_backward_instance<DType::DTYPE, HEAD_DIM>(args, device, stream); \

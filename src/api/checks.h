@@ -1,9 +1,11 @@
-// Argument checks that validate(ForwardArgs), validate(BackwardArgs) and
-// validate(QuantizeArgs) share. Host code only: nothing here touches the
+// Argument checks that validate(ForwardArgs), validate(BackwardArgs),
+// validate(QuantizeArgs) and backward_workspace_size share. Host code only: nothing here touches the
 // device, so every check runs in CI. Each failure is kInvalidArgument with a
 // message that starts with the argument's name.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -38,6 +40,38 @@ inline Status sizes(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t h
   return Status();
 }
 
+// The sizes and head dim of the attention passes: as sizes(), a head dim they
+// are built for, and tile counts below 2^31.
+inline Status attention_sizes(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
+                              int64_t head_dim) {
+  if (Status s = sizes(batch, seqlen_q, seqlen_k, heads_q, heads_kv); !s.ok()) return s;
+  switch (head_dim) {
+    case 64: case 96: case 128: case 192: case 256: break;
+    default: return invalid("head_dim: must be 64, 96, 128, 192 or 256, got " + std::to_string(head_dim));
+  }
+  // (m_blocks * heads * batch) tiles are counted in 32 bits; 64 is the smallest
+  // block M. blocks * heads_q < 2^25 * 2^31 fits in 64 bits, its product with
+  // batch may not: compare against kMaxExtent / batch instead.
+  for (auto const& [seqlen, name] : {std::pair{seqlen_q, "seqlen_q"}, std::pair{seqlen_k, "seqlen_k"}}) {
+    if (batch > 0 && (seqlen + 63) / 64 * heads_q > kMaxExtent / batch) {
+      return invalid(std::string("batch: batch * heads_q * ") + name + " / 64 must be below 2^31");
+    }
+  }
+  return Status();
+}
+
+// A tensor's strided modes: the stride's field name, the extent and the stride.
+struct Mode {
+  char const* field;
+  int64_t extent;
+  int64_t stride;
+};
+template <class Pointer>
+std::array<Mode, 3> modes(TensorRef<Pointer> const& t, int64_t batch, int64_t seqlen, int64_t heads) {
+  return {Mode{"batch_stride", batch, t.batch_stride}, Mode{"seq_stride", seqlen, t.seq_stride},
+          Mode{"head_stride", heads, t.head_stride}};
+}
+
 // A [batch, seqlen, heads, head_dim] tensor of `elem_bytes`-byte elements
 // that TMA (or 16-byte vectors) reads or writes: 16-byte aligned base,
 // contiguous head dim, strides of the modes of more than one index positive
@@ -50,16 +84,8 @@ Status tensor(char const* name, TensorRef<Pointer> const& t, int64_t batch, int6
   if (t.data == nullptr) return invalid(n + ".data: null pointer");
   if (reinterpret_cast<uintptr_t>(t.data) % kAlignBytes != 0) return invalid(n + ".data: must be 16-byte aligned");
   if (t.dim_stride != 1) return invalid(n + ".dim_stride: the head dimension must be contiguous (stride 1)");
-  struct Mode {
-    char const* field;
-    int64_t extent;
-    int64_t stride;
-  };
-  Mode const modes[] = {{"batch_stride", batch, t.batch_stride},
-                        {"seq_stride", seqlen, t.seq_stride},
-                        {"head_stride", heads, t.head_stride}};
   int64_t span = head_dim;  // elements from the first to past the last
-  for (Mode const& m : modes) {
+  for (Mode const& m : modes(t, batch, seqlen, heads)) {
     if (m.extent <= 1) continue;  // a stride of a mode of size 1 is never used
     if (m.stride <= 0) return invalid(n + "." + m.field + ": must be positive");
     if ((m.stride * elem_bytes) % kAlignBytes != 0) {
@@ -70,6 +96,29 @@ Status tensor(char const* name, TensorRef<Pointer> const& t, int64_t batch, int6
       return invalid(n + "." + m.field + ": must be below 2^40 bytes");
     }
     if (m.extent - 1 > (kMaxSpan - span) / m.stride) return invalid(n + ": spans 2^62 elements or more");
+    span += (m.extent - 1) * m.stride;
+  }
+  return Status();
+}
+
+// An output tensor: as tensor(), and no two of its elements at one address
+// (their writers would race). Sorted by stride, each mode of more than one
+// index must step past all that the head dim and the smaller modes span. This
+// also refuses a few interleavings whose elements are distinct (strides 2d and
+// 3d over 3 and 2 indices, d the head dim), which no real layout is.
+template <class Pointer>
+Status output(char const* name, TensorRef<Pointer> const& t, int64_t batch, int64_t seqlen, int64_t heads,
+              int64_t head_dim, int64_t elem_bytes) {
+  if (Status s = tensor(name, t, batch, seqlen, heads, head_dim, elem_bytes); !s.ok()) return s;
+  std::array<Mode, 3> by_stride = modes(t, batch, seqlen, heads);
+  std::stable_sort(by_stride.begin(), by_stride.end(), [](Mode const& x, Mode const& y) { return x.stride < y.stride; });
+  int64_t span = head_dim;  // below 2^62, as tensor() checked
+  for (Mode const& m : by_stride) {
+    if (m.extent <= 1) continue;
+    if (m.stride < span) {
+      return invalid(std::string(name) + "." + m.field + ": must be at least " + std::to_string(span) +
+                     " (what the head dim and the smaller strides span): an output must not overlap itself");
+    }
     span += (m.extent - 1) * m.stride;
   }
   return Status();

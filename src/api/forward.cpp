@@ -1,5 +1,5 @@
-// forward(): validate, check the device, then hand over to the instance
-// compiled for the (dtype, head dim).
+// forward(): validate, return if there is nothing to compute, check the
+// device, then hand over to the instance compiled for the (dtype, head dim).
 #include <string>
 
 #include "api/device.h"
@@ -10,9 +10,9 @@ namespace flash3 {
 
 Status forward(ForwardArgs const& args, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
+  if (args.batch == 0 || args.seqlen_q == 0) return Status();  // no output: a no-op, even without a device
   DeviceInfo device;
   if (Status s = query_device(device); !s.ok()) return s;
-  if (args.batch == 0 || args.seqlen_q == 0) return Status();
 #define FLASH3_FWD_INSTANCE(DTYPE, HEAD_DIM)                                  \
   if (args.dtype == DType::DTYPE && args.head_dim == HEAD_DIM) {              \
     return fwd::run_forward_instance<DType::DTYPE, HEAD_DIM>(args, device, stream); \

@@ -41,15 +41,15 @@ Status validate(QuantizeArgs const& a) {
   if (a.batch == 0) return Status();  // nothing to read or write
   if (a.seqlen_q > 0) {
     if (Status s = checks::tensor("q", a.q, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::tensor("q_out", a.q_out, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 1); !s.ok()) return s;
+    if (Status s = checks::output("q_out", a.q_out, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 1); !s.ok()) return s;
     if (Status s = checks::scale("q_scale", a.q_scale); !s.ok()) return s;
   }
   if (a.seqlen_k > 0) {
     if (Status s = checks::tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::tensor("k_out", a.k_out, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 1); !s.ok()) return s;
+    if (Status s = checks::output("k_out", a.k_out, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 1); !s.ok()) return s;
     if (Status s = checks::scale("k_scale", a.k_scale); !s.ok()) return s;
     if (Status s = checks::tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::tensor("v_out", a.v_out, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 1); !s.ok()) return s;
+    if (Status s = checks::output("v_out", a.v_out, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 1); !s.ok()) return s;
     if (Status s = checks::scale("v_scale", a.v_scale); !s.ok()) return s;
   }
   return Status();
@@ -57,9 +57,10 @@ Status validate(QuantizeArgs const& a) {
 
 Status quantize_fp8(QuantizeArgs const& args, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
+  // Nothing to read or write: a no-op, even without a device.
+  if (args.batch == 0 || (args.seqlen_q == 0 && args.seqlen_k == 0)) return Status();
   DeviceInfo device;
   if (Status s = query_device(device); !s.ok()) return s;
-  if (args.batch == 0 || (args.seqlen_q == 0 && args.seqlen_k == 0)) return Status();
   return quant::launch_quantize(args, fp8_block_sizes(args.head_dim), stream);
 }
 

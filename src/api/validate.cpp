@@ -7,33 +7,22 @@
 #include <utility>
 
 #include "api/checks.h"
+#include "api/variants.h"
 #include "flash3/flash3.h"
 
 namespace flash3 {
 namespace {
 
 using checks::invalid;
-using checks::kMaxExtent;
 
 int64_t element_bytes(DType dtype) { return dtype == DType::kE4M3 ? 1 : 2; }
 
 // The sizes, head dim and scale both passes share.
 Status check_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                      int64_t heads_kv, int64_t head_dim, float softmax_scale) {
-  if (Status s = checks::sizes(batch, seqlen_q, seqlen_k, heads_q, heads_kv); !s.ok()) return s;
-  switch (head_dim) {
-    case 64: case 96: case 128: case 192: case 256: break;
-    default: return invalid("head_dim: must be 64, 96, 128, 192 or 256, got " + std::to_string(head_dim));
-  }
+  if (Status s = checks::attention_sizes(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim); !s.ok()) return s;
   if (!std::isfinite(softmax_scale) || softmax_scale < 0.f) {
     return invalid("softmax_scale: must be finite and not negative (0 selects 1/sqrt(head_dim))");
-  }
-  // (m_blocks * heads * batch) tiles are counted in 32 bits; 64 is the smallest block M.
-  if (((seqlen_q + 63) / 64) * heads_q * batch > kMaxExtent) {
-    return invalid("batch: batch * heads_q * seqlen_q / 64 must be below 2^31");
-  }
-  if (((seqlen_k + 63) / 64) * heads_q * batch > kMaxExtent) {
-    return invalid("batch: batch * heads_q * seqlen_k / 64 must be below 2^31");
   }
   return Status();
 }
@@ -73,15 +62,21 @@ Status validate(ForwardArgs const& a) {
   if (fp8) {
     if (Status s = check_fp8(a); !s.ok()) return s;
   }
+  // kUnsupported, as forward() would answer: the options are well formed, their kernel is not built.
+  if (!options_built(a.dtype, a.head_dim, a.options, a.fp8.out_dtype)) {
+    return Status(Status::Code::kUnsupported, "options: no kernel is built for these KernelOptions with this dtype "
+                                              "and head_dim " + std::to_string(a.head_dim) + " (" + kOptionsBuilt + ")");
+  }
   if (a.batch == 0 || a.seqlen_q == 0) return Status();  // nothing to compute or write
   int64_t const in_bytes = element_bytes(a.dtype);
   int64_t const out_bytes = element_bytes(fp8 ? a.fp8.out_dtype : a.dtype);
   if (Status s = checks::tensor("q", a.q, a.batch, a.seqlen_q, a.heads_q, a.head_dim, in_bytes); !s.ok()) return s;
-  if (Status s = checks::tensor("o", a.o, a.batch, a.seqlen_q, a.heads_q, a.head_dim, out_bytes); !s.ok()) return s;
+  if (Status s = checks::output("o", a.o, a.batch, a.seqlen_q, a.heads_q, a.head_dim, out_bytes); !s.ok()) return s;
   if (a.seqlen_k > 0) {
     if (Status s = checks::tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
     if (Status s = checks::tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
   }
+  // LSE's layout is fixed and dense, so it cannot overlap itself: only its alignment to check.
   if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
   return Status();
 }
@@ -100,15 +95,15 @@ Status validate(BackwardArgs const& a) {
     for (auto const& [name, t] : {std::pair{"q", a.q}, std::pair{"o", a.o}, std::pair{"dout", a.dout}}) {
       if (Status s = checks::tensor(name, t, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
     }
-    if (Status s = checks::tensor("dq", a.dq, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dq", a.dq, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
     if (a.lse == nullptr) return invalid("lse: null pointer (the forward's LSE is needed)");
     if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
   }
   if (a.seqlen_k > 0) {
     if (Status s = checks::tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
     if (Status s = checks::tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::tensor("dk", a.dk, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::tensor("dv", a.dv, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dk", a.dk, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dv", a.dv, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
   }
   if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0) return invalid("workspace: must be 256-byte aligned");
   return Status();
