@@ -358,7 +358,7 @@ def ablation_section(run):
     out = ["## Ablation (paper Table 2)", ""]
     entries = run["ablation"]
     if not entries:
-        return out + [f"Not measured in this run (no ablation.json).", ""]
+        return out + ["Not measured in this run (no ablation.json).", ""]
     by_variant = {}
     for e in entries:
         by_variant.setdefault(e["variant"], []).append(e)

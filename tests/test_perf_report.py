@@ -1,6 +1,5 @@
 """scripts/perf_report.py on small hand-made runs in the formats scripts/device_run.sh leaves (no GPU)."""
 import importlib.util
-import io
 import json
 import os
 import pathlib
