@@ -232,8 +232,8 @@ double flops(Config const& c) {
 // (bench/compare_sdpa.py): before each sample a 256 MB memset flushes the L2,
 // and the host queues every sample without waiting, so that each call starts
 // on the GPU right behind the flush, not when the host has submitted it.
-// (Before run 57, batches of back-to-back calls between two events, with a
-// synchronization after each batch: that counted the host's submission of
+// (Not batches of back-to-back calls between two events, with a
+// synchronization after each batch: that counts the host's submission of
 // each batch's first call, and the causal forward's re-allocation of its
 // tile counter after the synchronization.)
 template <class F>

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Summarises nvidia-smi samples taken while the benchmarks ran.
 
-The lent H100s run power-capped on the long shapes (performance record, run
-126: SM clock 1590-1980 MHz under load, throttle reason 0x4), which moves a
-shape's TFLOP/s between calls; the summary goes beside the tables it qualifies.
+The lent H100s run power-capped on the long shapes (the SM clock drops under
+load, throttle reason 0x4: the power cap), which moves a shape's TFLOP/s
+between calls; the summary goes beside the tables it qualifies.
 Input: CSV lines of timestamp, clocks.sm, power.draw, temperature.gpu,
 clocks_throttle_reasons.active (nvidia-smi --format=csv,noheader).
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of source variants on the GPU machine (performance record, runs 36-42):
+# A/B of source variants on the GPU machine:
 # each variant is the working tree, with PATCHES/<variant>.revpatch reverted
 # and/or PATCHES/<variant>.patch applied when they exist, configured and built
 # in build-exp/<variant> (all variants at once, the machine's cores shared),

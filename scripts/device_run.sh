@@ -2,9 +2,9 @@
 # One call on the lent GPU machine: GPU tests, compute-sanitizer, the benchmark
 # sweep, the Table 2 ablation and the SDPA peers, logs under $OUT, a short
 # summary last with the SM clock during the timed stages (the logs themselves
-# in $OUT/logs.tgz). Binaries are built on
-# the workstation and carried in .device/
-# (scripts/stage_device.sh).
+# in $OUT/logs.tgz; `scripts/perf_report.py --import logs.tgz` makes
+# docs/performance.md from them). Binaries are built on the workstation and
+# carried in .device/ (scripts/stage_device.sh).
 #   scripts/device_run.sh [stage ...]   stages: test sanitize bench bwd fp8 ablation compare (default: all)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter).
 set -uo pipefail
@@ -19,6 +19,8 @@ has() { [[ " $stages " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "commit $(cat $B/COMMIT 2>/dev/null)" | tee -a "$OUT/gpu.txt"
+echo "date $(date -u '+%Y-%m-%d %H:%M UTC')" | tee -a "$OUT/gpu.txt"
+echo "command scripts/device_run.sh${*:+ $*}" | tee -a "$OUT/gpu.txt"
 
 if has test; then
   timeout 300 $B/test_gpu --gtest_brief=1 --gtest_filter="${FLASH3_TEST_FILTER:-*}" >"$OUT/test_gpu.log" 2>&1
@@ -43,7 +45,7 @@ if has sanitize; then
   fp8="--dtype e4m3 --seqlen 300 --tokens 600 --hidden 256 --hdim 64,128,256 --hadamard --reps 1"
   # Per-head scales: the quantizer's clusters of up to 16 CTAs per head.
   fp8_head="--dtype e4m3 --granularity head --seqlen 2100 --tokens 2100 --hidden 256 --hdim 64,128,256 --causal 0 --reps 1"
-  # racecheck runs past its limit on that one (runs 37-43): clusters of up to 5 CTAs instead.
+  # racecheck runs past its time limit on that one: clusters of up to 5 CTAs instead.
   fp8_head_race="--dtype e4m3 --granularity head --seqlen 600 --tokens 1200 --hidden 256 --hdim 64,128,256 --causal 0 --reps 1"
   # The ablation variant without warp specialization: several tiles per CTA.
   nows="--no-ws --seqlen 512 --tokens 8192 --hidden 512 --hdim 128 --reps 1 --no-check"
@@ -54,15 +56,15 @@ if has sanitize; then
       summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
     done
     # Tiles whose rows all see no key (seqlen_q well above seqlen_k, causal),
-    # which the benchmark's shapes lack: the test that has them (run 88).
+    # which the benchmark's shapes lack: the test that has them.
     timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/test_gpu \
       --gtest_filter='Forward.TilesWhoseRowsSeeNoKey' >>"$OUT/sanitize.log" 2>&1
     summary+=("compute-sanitizer $tool (no-key tiles) rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
   done
 fi
 
-# The clocks while the timed stages run (scripts/clock_summary.py: the lent
-# cards run power-capped on long shapes, performance record run 126).
+# The clocks while the timed stages run (scripts/clock_summary.py): the lent
+# cards run power-capped on long shapes, which moves their TFLOP/s.
 sampler=
 if has bench || has bwd || has fp8 || has ablation || has compare; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
@@ -79,7 +81,8 @@ if has bwd; then
   timeout 400 $B/flash3-bench --pass bwd --hdim 64,128,256 --json "$OUT/bench_bwd.json" >"$OUT/bench_bwd.txt" 2>"$OUT/bench_bwd.err"
   summary+=("bench bwd rc=$?")
   # Deterministic mode's cost, against the default rows above.
-  timeout 200 $B/flash3-bench --pass bwd --hdim 128,256 --seqlen 2048,8192 --deterministic >"$OUT/bench_bwd_det.txt" 2>&1
+  timeout 200 $B/flash3-bench --pass bwd --hdim 128,256 --seqlen 2048,8192 --deterministic \
+    --json "$OUT/bench_bwd_det.json" >"$OUT/bench_bwd_det.txt" 2>&1
   summary+=("bench bwd deterministic rc=$?")
 fi
 
@@ -99,13 +102,15 @@ fi
 
 jsons=$(ls "$OUT"/bench.json "$OUT"/bench_bwd.json "$OUT"/bench_fp8.json 2>/dev/null)
 if has compare && [ -n "$jsons" ]; then
-  timeout 400 python3 bench/compare_sdpa.py --flash3-json $jsons >"$OUT/compare.txt" 2>"$OUT/compare.err"
+  timeout 400 python3 bench/compare_sdpa.py --flash3-json $jsons --out-json "$OUT/compare.json" \
+    >"$OUT/compare.txt" 2>"$OUT/compare.err"
   summary+=("compare rc=$?")
 fi
 
 if [ -n "$sampler" ]; then
   kill "$sampler" 2>/dev/null
-  summary+=("$(python3 scripts/clock_summary.py "$OUT/clocks.csv")")
+  python3 scripts/clock_summary.py "$OUT/clocks.csv" >"$OUT/clocks.txt"
+  summary+=("$(cat "$OUT/clocks.txt")")
 fi
 
 echo

@@ -9,9 +9,9 @@ mainloop (an innermost loop that issues warpgroup MMAs, or, in the FP8
 kernels, the V transpose's LDSM.T) may touch local memory (LDL/STL: register
 spills or stack arrays), nor issue a 64 x 8 warpgroup MMA: that is CuTe's
 atom selector falling back when a tile's width is not among the atoms it
-offers (run 105: each 64 x 40 GEMM came out as five 64 x 8 ones, 520 R2UR a
-loop). Local memory outside the mainloops is listed, so that
-it stays visible. The forward's ablation variant without warp specialization
+offers (a 64 x 40 GEMM comes out as five 64 x 8 ones, and the loop fills
+with the R2UR of their descriptors). Local memory outside the mainloops is
+listed, so that it stays visible. The forward's ablation variant without warp specialization
 has no producer warpgroup to give registers away: it needs no USETMAXREG.
 
 The backward's kernels run as a chain of programmatic dependent launches

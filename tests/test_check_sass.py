@@ -33,7 +33,7 @@ def narrow_in_mainloops(body):
 
 
 def test_a_64x8_mma_in_the_mainloop_is_found():
-    # CuTe's selector falling back to its narrowest atom (run 105).
+    # CuTe's selector falling back to its narrowest atom.
     body = sass((0x10, "MOV R1, R2"), (0x20, "HGMMA.64x8x16.F32.BF16 R24, gdesc[UR24], RZ, !UPT"),
                 (0x30, "HGMMA.64x80x16.F32.BF16 R28, gdesc[UR4], R28"), (0x40, "@P0 BRA 0x20"), (0x50, "EXIT"))
     assert narrow_in_mainloops(body) == [0x20]

@@ -335,9 +335,9 @@ TEST(Forward, RandomShapes) {
 
 // With the mask, rows 0 .. seqlen_q - seqlen_k - 1 see no key: here all but
 // the last tile of each head, six to ten a CTA, so that CTAs end on such a
-// tile. Every warpgroup sits it out; Q's load must still be waited for (it
-// was not before run 88, and the CTA could exit with it in flight:
-// "unspecified launch failure", synccheck's "Missing wait").
+// tile. Every warpgroup sits it out; Q's load must still be waited for, or
+// the CTA can exit with it in flight ("unspecified launch failure",
+// synccheck's "Missing wait").
 TEST(Forward, TilesWhoseRowsSeeNoKey) {
   SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 77;

@@ -9,9 +9,10 @@
 // kPreprocessItemRows rows of one (batch, head), in order, and count each
 // into the head's ready counter, on which the main kernel's CTAs of that head
 // wait (Mainloop::load_lse_d) while the kernel starts on the other SMs.
-// Before it on every SM (as it still runs for long calls without the mask,
-// bwd/launch.h), it took a fixed 93 us at 16k tokens (its bytes at copy
-// bandwidth), 14% of a 1k call.
+// Beside, not before: run first on every SM (as it still is for long calls
+// without the mask, bwd/launch.h), its time (its bytes at copy bandwidth, the
+// same at every length for a given number of tokens) is a large share of a
+// short call.
 #pragma once
 
 #include <algorithm>
@@ -46,8 +47,9 @@ struct PreprocessParams {
 // clearing the row's accumulator with float4 stores: bandwidth-bound, so
 // every access is a full vector (O and dO are 16-byte aligned, d a multiple
 // of 8: validated), and each thread keeps about eight loads in flight, which
-// the few SMs need to reach the memory's bandwidth. (An eighth of the SMs
-// measured 0-2% faster calls than a quarter at 1k-2k, run 118.)
+// the few SMs need to reach the memory's bandwidth. (An eighth of the SMs,
+// not a quarter: the SMs it takes are the main kernel's, and a quarter made
+// the short calls no faster.)
 constexpr int kPreprocessThreads = 1024;
 constexpr int kPreprocessThreadsPerRow = 8;
 constexpr int kPreprocessItemRows = 512;

@@ -39,9 +39,9 @@ constexpr int kMaxTailParts = 16;
 // The split that ends the launch soonest, if any: equal CTAs of
 // m_blocks + overhead, the full waves in step, then ceil(split_tiles * parts
 // / slots) rounds of the parts. The split must save more than a CTA's
-// overhead, which the sums (cleared, added, read back) cost besides (at
-// seqlen 1k, head dim 128, a split saving that much measured 2% slower, run
-// 84). At most max_split_tiles tiles (the workspace's sums).
+// overhead, which the sums (cleared, added, read back) cost besides: a split
+// that saves just that much comes out slower. At most max_split_tiles tiles
+// (the workspace's sums).
 inline TailSplit plan_tail_split(int64_t tiles, int64_t slots, int m_blocks, int max_split_tiles) {
   TailSplit best;
   if (slots <= 0 || tiles <= slots) return best;  // one wave: nothing waits for a tail

@@ -67,7 +67,7 @@ struct BwdTraits {
   // 64 x d fp32 each (d/2 registers each), S^T and dP^T 64 x M (M/2 each), dQ
   // 64 x d/2 (d/4): 224 of 240 at d = 128 with M = 64; at d = 64 that
   // leaves room for M = 128 (208), which halves the K_j/V_j reads from shared
-  // memory per query row (measured +6% at 8k). Head dim split: dK and dV d/4
+  // memory per query row, and is faster for it. Head dim split: dK and dV d/4
   // each, S^T and dP^T M/4, dQ d/4: 176 at d = 192; with the queries on the
   // rows at d = 256, dK^T and dV^T N d / 256 each (80), S and dP N/4 (20), dQ
   // d/4 (64: beside dK^T and dV^T it spilled, so in halves, kdQParts).
@@ -79,8 +79,7 @@ struct BwdTraits {
   static_assert(kQueriesOnRows || kBlockN % 64 == 0);
   // dS from P as rounded for dV's GEMM (as the same-precision reference
   // rounds it) frees S^T's fp32 registers early: needed for M = 128 to stay
-  // spill-free; elsewhere the conversion back costs (measured -4.5% at d = 128
-  // causal 8k).
+  // spill-free; elsewhere the conversion back costs more than it frees.
   static constexpr bool kdSFromRoundedP = kBlockM > 64;
   static constexpr int kNumConsumerWarpGroups = 2;
   // Shared memory (227 KB) holds two stages of Q_i, and of dO_i up to d = 192;
@@ -96,8 +95,7 @@ struct BwdTraits {
   // deterministic mode's turns, and with the causal mask for the postprocess
   // to convert tiles under the main kernel's last wave (bwd/postprocess.h).
   // Without the mask, where the split last wave (bwd/tail_split.h) leaves
-  // little to convert under, counting measured 0.97-0.99 at head dim 64
-  // (runs 115-120).
+  // little to convert under, the counting costs more than that overlap gains.
   static constexpr bool counts_arrivals(bool deterministic) { return kCausal || deterministic; }
   // dQ_i's GEMM in parts of its columns, one part's registers live at a time
   // (with the queries on the rows they would not fit beside dK^T and dV^T).

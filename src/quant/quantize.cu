@@ -58,11 +58,11 @@ enum class Pass { kFused, kAmax, kQuantize, kPerHead };
 
 constexpr int kHeadCluster = 16;  // kPerHead: the most CTAs of one head (a non-portable cluster)
 
-// kPerHead: CTAs of a head's cluster (performance record, run 48). A CTA a
-// tile while that keeps the cluster to 8 CTAs; past that, two tiles a CTA, up
-// to kHeadCluster CTAs: 16-CTA clusters of one tile each measured 0.71 of
-// copy bandwidth against 0.83-0.87 for 8 CTAs of two, and four tiles a CTA
-// 0.66-0.70 (why is open: neither L2 nor one CTA's load latency, runs 47, 50).
+// kPerHead: CTAs of a head's cluster. A CTA a tile while that keeps the
+// cluster to 8 CTAs; past that, two tiles a CTA, up to kHeadCluster CTAs:
+// 16-CTA clusters of one tile each, and CTAs of four tiles, reach less of the
+// copy bandwidth than 8 CTAs of two (why is open: neither L2 nor one CTA's
+// load latency binds).
 constexpr int64_t head_cluster(int64_t tiles_per_head) {
   if (tiles_per_head <= 8) return std::max<int64_t>(1, tiles_per_head);
   return std::min<int64_t>(kHeadCluster, (tiles_per_head + 1) / 2);
