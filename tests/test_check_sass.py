@@ -73,9 +73,12 @@ def test_spill_in_the_fp8_transpose_loop_is_found():
 
 
 def test_the_variant_without_warp_specialization_needs_no_setmaxnreg():
-    with_producer = ("_ZN6flash33fwd14forward_kernelINS0_9FwdTraitsIN7cutlass10bfloat16_tELi128ELb0ELb1ELb1ES4_Lb1EEEEEvN"
-                     "S0_6KernelIT_E6ParamsE")
-    without = with_producer.replace("S4_Lb1EEEEEvN", "S4_Lb0EEEEEvN")
+    with_producer = ("_ZN6flash33fwd14forward_kernelINS0_6KernelINS0_8MainloopINS0_9FwdTraitsIN7cutlass10bfloat16_tELi128E"
+                     "XtlNS0_7VariantELb1ELb1ELb1ELb1ELNS_5DTypeE0EEEEEEENS0_8EpilogueIS9_EENS_23PersistentTileScheduler"
+                     "EEEEEvNT_6ParamsE")
+    without = ("_ZN6flash33fwd14forward_kernelINS0_10KernelNoWSINS0_8MainloopINS0_9FwdTraitsIN7cutlass10bfloat16_tELi128E"
+               "XtlNS0_7VariantELb1ELb1ELb1ELb0ELNS_5DTypeE0EEEEEEENS0_8EpilogueIS9_EENS_23PersistentTileScheduler"
+               "EEEEEvNT_6ParamsE")
     assert "USETMAXREG" in check_sass.required(with_producer)
     assert check_sass.required(without) == ("HGMMA", "UTMALDG", "UTMASTG")
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "common/head_dims.h"
 #include "flash3/flash3.h"
 
 namespace flash3::checks {
@@ -45,9 +46,8 @@ inline Status sizes(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t h
 inline Status attention_sizes(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
                               int64_t head_dim) {
   if (Status s = sizes(batch, seqlen_q, seqlen_k, heads_q, heads_kv); !s.ok()) return s;
-  switch (head_dim) {
-    case 64: case 96: case 128: case 192: case 256: break;
-    default: return invalid("head_dim: must be 64, 96, 128, 192 or 256, got " + std::to_string(head_dim));
+  if (!head_dim_supported(head_dim, false)) {
+    return invalid("head_dim: must be " + head_dim_list(false) + ", got " + std::to_string(head_dim));
   }
   // (m_blocks * heads * batch) tiles are counted in 32 bits; 64 is the smallest
   // block M. blocks * heads_q < 2^25 * 2^31 fits in 64 bits, its product with

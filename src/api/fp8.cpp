@@ -1,12 +1,13 @@
 // FP8 scale blocks: made of the forward kernel's tiles, so that per-block
 // scales apply at no extra pass.
+#include "common/head_dims.h"
 #include "flash3/flash3.h"
 #include "fwd/tile_size.h"
 
 namespace flash3 {
 
 Fp8BlockSizes fp8_block_sizes(int64_t head_dim) {
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return {};
+  if (!head_dim_supported(head_dim, true)) return {};
   fwd::Fp8ScaleBlocks const b = fwd::fp8_scale_blocks(int(head_dim));
   return {b.q, b.kv};
 }

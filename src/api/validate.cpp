@@ -7,8 +7,9 @@
 #include <utility>
 
 #include "api/checks.h"
-#include "api/variants.h"
+#include "common/head_dims.h"
 #include "flash3/flash3.h"
+#include "fwd/variants.h"
 
 namespace flash3 {
 namespace {
@@ -30,8 +31,8 @@ Status check_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t 
 // FP8's scales: present, aligned, and of a known granularity.
 Status check_fp8(ForwardArgs const& a) {
   Fp8Scales const& f = a.fp8;
-  if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) {
-    return invalid("head_dim: FP8 (kE4M3) supports 64, 128 and 256, got " + std::to_string(a.head_dim));
+  if (!head_dim_supported(a.head_dim, true)) {
+    return invalid("head_dim: FP8 (kE4M3) supports " + head_dim_list(true) + ", got " + std::to_string(a.head_dim));
   }
   if (f.out_dtype != DType::kBF16 && f.out_dtype != DType::kFP16) return invalid("fp8.out_dtype: must be kBF16 or kFP16");
   if (f.granularity != ScaleGranularity::kPerTensor && f.granularity != ScaleGranularity::kPerHead &&
@@ -63,9 +64,10 @@ Status validate(ForwardArgs const& a) {
     if (Status s = check_fp8(a); !s.ok()) return s;
   }
   // kUnsupported, as forward() would answer: the options are well formed, their kernel is not built.
-  if (!options_built(a.dtype, a.head_dim, a.options, a.fp8.out_dtype)) {
+  if (!fwd::variant_built(a.dtype, int(a.head_dim), a.options, a.fp8.out_dtype)) {
     return Status(Status::Code::kUnsupported, "options: no kernel is built for these KernelOptions with this dtype "
-                                              "and head_dim " + std::to_string(a.head_dim) + " (" + kOptionsBuilt + ")");
+                                              "and head_dim " + std::to_string(a.head_dim) + " (" +
+                                              fwd::kBuiltVariantsInWords + ")");
   }
   if (a.batch == 0 || a.seqlen_q == 0) return Status();  // nothing to compute or write
   int64_t const in_bytes = element_bytes(a.dtype);

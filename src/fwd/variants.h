@@ -64,6 +64,10 @@ inline constexpr BuiltVariant kBuiltVariants[] = {
     {DType::kE4M3, 128, {.pingpong = false, .intra_warpgroup_overlap = false}},
 };
 inline constexpr size_t kNumBuiltVariants = sizeof(kBuiltVariants) / sizeof(kBuiltVariants[0]);
+// The table in words, for validate()'s message.
+inline constexpr char kBuiltVariantsInWords[] =
+    "with pingpong or intra_warpgroup_overlap off, kernels are built for head_dim 128 with bf16, or e4m3 with a "
+    "bf16 O; with warp_specialization off, for bf16 with head_dim 128 and the other two on";
 
 // Whether some kernel runs a forward call with these arguments (given that
 // its dtype and head dim are compiled into the build).
