@@ -4,9 +4,13 @@
 # summary last with the SM clock during the timed stages (the logs themselves
 # in $OUT/logs.tgz; `scripts/perf_report.py --import logs.tgz` makes
 # docs/performance.md from them). Binaries are built on the workstation and
-# carried in .device/ (scripts/stage_device.sh).
-#   scripts/device_run.sh [stage ...]   stages: test sanitize bench bwd fp8 ablation compare (default: all)
-# FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter).
+# carried in .device/ (scripts/stage_device.sh), or built here by the stage
+# `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
+#   scripts/device_run.sh [stage ...]   stages: build test sanitize bench bwd fp8 ablation compare ab
+#                                       (default: all but build and ab)
+# FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter). The stage `ab`
+# times the carried baseline .base/flash3-bench against this build in
+# AB_ROUNDS (3) interleaved rounds of the AB_SWEEPS (fwd bwd fp8).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flash3-out}
@@ -16,6 +20,18 @@ stages=${*:-test sanitize bench bwd fp8 ablation compare}
 export PYTHONUNBUFFERED=1
 summary=()
 has() { [[ " $stages " == *" $1 "* ]]; }
+
+if has build; then
+  # Every dtype and head dim, with the machine's cores.
+  start=$(date +%s)
+  cmake -S . -B build-device -G Ninja -DFLASH3_CUTLASS_DIR="$PWD/.deps/cutlass" \
+    -DGTest_DIR="$PWD/.deps/gtest/lib/x86_64-linux-gnu/cmake/GTest" >"$OUT/build.log" 2>&1 &&
+    ninja -C build-device flash3-bench test_gpu >>"$OUT/build.log" 2>&1
+  rc=$?
+  summary+=("build rc=$rc in $(($(date +%s) - start)) s")
+  [ $rc = 0 ] || { grep -m5 -E "error|FAILED" "$OUT/build.log"; exit 1; }
+  mkdir -p $B && cp build-device/flash3-bench build-device/tests/test_gpu $B/ && cp .deps/COMMIT $B/COMMIT
+fi
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "commit $(cat $B/COMMIT 2>/dev/null)" | tee -a "$OUT/gpu.txt"
@@ -66,7 +82,7 @@ fi
 # The clocks while the timed stages run (scripts/clock_summary.py): the lent
 # cards run power-capped on long shapes, which moves their TFLOP/s.
 sampler=
-if has bench || has bwd || has fp8 || has ablation || has compare; then
+if has bench || has bwd || has fp8 || has ablation || has compare || has ab; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv,noheader -lms 200 >"$OUT/clocks.csv" 2>/dev/null &
   sampler=$!
@@ -100,6 +116,27 @@ if has ablation; then
   summary+=("ablation rc=$?")
 fi
 
+if has ab; then
+  # Each round alternates which build goes first, so that the card's drift
+  # falls on both.
+  mkdir -p "$OUT/ab"
+  for round in $(seq "${AB_ROUNDS:-3}"); do
+    for sweep in ${AB_SWEEPS:-fwd bwd fp8}; do
+      case $sweep in fwd) args=() ;; bwd) args=(--pass bwd) ;; fp8) args=(--dtype e4m3) ;; esac
+      order="base new"
+      [ $((round % 2)) = 0 ] && order="new base"
+      for build in $order; do
+        bin=$B/flash3-bench
+        [ $build = base ] && bin=.base/flash3-bench
+        timeout 200 $bin "${args[@]}" --hdim 64,128,256 --no-check --json "$OUT/ab/${build}_${sweep}_${round}.json" \
+          >/dev/null 2>>"$OUT/ab.err" || summary+=("ab $build $sweep round $round rc=$?")
+      done
+    done
+  done
+  python3 scripts/ab_table.py "$OUT/ab" >"$OUT/ab.md"
+  summary+=("ab: $(tail -1 "$OUT/ab.md") (baseline $(cat .base/COMMIT 2>/dev/null))")
+fi
+
 jsons=$(ls "$OUT"/bench.json "$OUT"/bench_bwd.json "$OUT"/bench_fp8.json 2>/dev/null)
 if has compare && [ -n "$jsons" ]; then
   timeout 400 python3 bench/compare_sdpa.py --flash3-json $jsons --out-json "$OUT/compare.json" \
@@ -117,6 +154,7 @@ echo
 for f in ablation.txt compare.txt; do [ -f "$OUT/$f" ] && { echo "== $f"; grep -E '^\||beats|device' "$OUT/$f"; }; done
 [ -f "$OUT/bench.txt" ] && [ ! -f "$OUT/compare.txt" ] && { echo "== bench.txt"; grep '^|' "$OUT/bench.txt"; }
 [ -f "$OUT/bench_bwd.txt" ] && [ ! -f "$OUT/compare.txt" ] && { echo "== bench_bwd.txt"; grep '^|' "$OUT/bench_bwd.txt"; }
+[ -f "$OUT/ab.md" ] && { echo "== ab.md"; grep -E '\*\*$' "$OUT/ab.md"; }
 for f in bench_fp8.txt fp8_accuracy.txt quant_bandwidth.txt; do [ -f "$OUT/$f" ] && { echo "== $f"; grep -E '^\|' "$OUT/$f"; }; done
 [ -f "$OUT/bench_bwd_det.txt" ] && { echo "== bench_bwd_det.txt (deterministic)"; grep '^| bwd' "$OUT/bench_bwd_det.txt"; }
 echo "== summary"
