@@ -2,8 +2,8 @@
 """Interleaved A/B of two flash3-bench builds: per shape, each build's median
 TFLOP/s over the rounds, and their ratio.
 
-Input: files NAME_ROUND.json (flash3-bench --json) in one folder, NAME being
-"<build>_<sweep>", e.g. base_fwd_1.json and new_fwd_1.json. Prints one
+Input: files <build>_<sweep>_<round>[_<part>...].json (flash3-bench --json)
+in one folder, e.g. base_fwd_1.json and new_fwd_1_128_0.json. Prints one
 Markdown table per sweep and a last line with the ratios' range and how many
 rows lie outside the tolerance.
   scripts/ab_table.py DIR [--a base] [--b new] [--tolerance 0.015]
@@ -16,7 +16,7 @@ import re
 import statistics
 import sys
 
-NAME = re.compile(r"^(?P<build>[a-z0-9]+)_(?P<sweep>[a-z0-9]+)_(?P<round>\d+)\.json$")
+NAME = re.compile(r"^(?P<build>[a-z0-9]+)_(?P<sweep>[a-z0-9]+)_(?P<round>\d+)(_[a-z0-9]+)*\.json$")
 
 
 def shape_key(row):

@@ -117,19 +117,27 @@ if has ablation; then
 fi
 
 if has ab; then
-  # Each round alternates which build goes first, so that the card's drift
-  # falls on both.
+  # The two builds take turns by (head dim, mask), a few seconds each, and
+  # the one that goes first alternates; each shape starts after the same
+  # idle gap (AB_GAP_MS), so that the power-capped card's clock, which
+  # follows its recent load, falls on both alike.
   mkdir -p "$OUT/ab"
+  turn=0
   for round in $(seq "${AB_ROUNDS:-3}"); do
     for sweep in ${AB_SWEEPS:-fwd bwd fp8}; do
       case $sweep in fwd) args=() ;; bwd) args=(--pass bwd) ;; fp8) args=(--dtype e4m3) ;; esac
-      order="base new"
-      [ $((round % 2)) = 0 ] && order="new base"
-      for build in $order; do
-        bin=$B/flash3-bench
-        [ $build = base ] && bin=.base/flash3-bench
-        timeout 200 $bin "${args[@]}" --hdim 64,128,256 --no-check --json "$OUT/ab/${build}_${sweep}_${round}.json" \
-          >/dev/null 2>>"$OUT/ab.err" || summary+=("ab $build $sweep round $round rc=$?")
+      for hdim in 64 128 256; do
+        for causal in 0 1; do
+          order="base new"
+          [ $((turn++ % 2)) = 1 ] && order="new base"
+          for build in $order; do
+            bin=$B/flash3-bench
+            [ $build = base ] && bin=.base/flash3-bench
+            timeout 100 $bin "${args[@]}" --hdim $hdim --causal $causal --gap-ms "${AB_GAP_MS:-300}" --no-check \
+              --json "$OUT/ab/${build}_${sweep}_${round}_${hdim}_${causal}.json" >/dev/null 2>>"$OUT/ab.err" ||
+              summary+=("ab $build $sweep $hdim $causal round $round rc=$?")
+          done
+        done
       done
     done
   done
