@@ -279,6 +279,65 @@ TEST(Forward, TileCounterInCapturedGraph) {
   }
 }
 
+TEST(Forward, CallersTileCounter) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  // ForwardArgs::tile_counter replaces flash3's counter: a direct call and a
+  // captured graph's replays claim their tiles from it (more tiles than SMs),
+  // give bitwise what a call without it gives, and leave it zero.
+  int64_t const batch = 4, seqlen = 2000, heads = 8, d = 128;
+  size_t const elems = size_t(batch * seqlen * heads * d);
+  DeviceBuffer<uint16_t> q(elems), k(elems), v(elems), o(elems);
+  DeviceBuffer<int> counter(1);
+  ASSERT_TRUE(q.ptr && k.ptr && v.ptr && o.ptr && counter.ptr);
+  std::mt19937 rng(2027);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<uint16_t> host(elems);
+  for (uint16_t* dst : {q.ptr, k.ptr, v.ptr}) {
+    for (uint16_t& x : host) x = to_bits(normal(rng), DType::kBF16);
+    CUDA_OK(cudaMemcpy(dst, host.data(), elems * 2, cudaMemcpyHostToDevice));
+  }
+  CUDA_OK(cudaMemset(counter.ptr, 0, sizeof(int)));
+  flash3::ForwardArgs a =
+      flash3::reference::dense_forward_args(DType::kBF16, batch, seqlen, heads, d, q.ptr, k.ptr, v.ptr, o.ptr);
+  a.causal = true;
+  flash3::Status s = flash3::forward(a, nullptr);
+  if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<uint16_t> expected(elems), got(elems);
+  CUDA_OK(cudaMemcpy(expected.data(), o.ptr, elems * 2, cudaMemcpyDeviceToHost));
+  auto expect_result_and_zero = [&](char const* what) {
+    CUDA_OK(cudaMemcpy(got.data(), o.ptr, elems * 2, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(got == expected) << what;
+    int left = -1;
+    CUDA_OK(cudaMemcpy(&left, counter.ptr, sizeof(int), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(left, 0) << what;
+  };
+
+  a.tile_counter = counter.ptr;
+  CUDA_OK(cudaMemset(o.ptr, 0xff, elems * 2));  // poison
+  ASSERT_TRUE(flash3::forward(a, nullptr).ok());
+  expect_result_and_zero("direct call");
+
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  s = flash3::forward(a, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(s.ok()) << s.message();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    CUDA_OK(cudaMemsetAsync(o.ptr, 0xff, elems * 2, stream));  // poison
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    expect_result_and_zero(replay == 0 ? "replay 0" : "replay 1");
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
 TEST(TileCounter, OnePerStreamAndPerHostThread) {
   SKIP_WITHOUT_CUDA_DEVICE();
   // Launches on one stream run in order and may share a counter; launches on

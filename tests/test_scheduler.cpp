@@ -400,21 +400,39 @@ TEST(PersistentTileScheduler, GridAndCounter) {
   device.l2_bytes = 50 << 20;
   for (bool persistent : {true, false}) {
     flash3::PersistentTileScheduler::Launch launch;
-    ASSERT_EQ(launch.prepare(4, 8, 2, 1 << 20, true, persistent, device, nullptr), cudaSuccess);
+    ASSERT_EQ(launch.prepare(4, 8, 2, 1 << 20, true, persistent, device, nullptr, nullptr), cudaSuccess);
     EXPECT_EQ(launch.grid(), 64);
     EXPECT_EQ(launch.params().counter, nullptr);
     EXPECT_EQ(launch.params().order.num_tiles(), 64);
     EXPECT_EQ(launch.finish(nullptr), cudaSuccess);
   }
   flash3::PersistentTileScheduler::Launch one_shot;
-  ASSERT_EQ(one_shot.prepare(16, 16, 4, 1 << 20, false, false, device, nullptr), cudaSuccess);
+  ASSERT_EQ(one_shot.prepare(16, 16, 4, 1 << 20, false, false, device, nullptr, nullptr), cudaSuccess);
   EXPECT_EQ(one_shot.grid(), 1024);
   EXPECT_EQ(one_shot.params().counter, nullptr);
   // More tiles than SMs: one CTA per SM (the counter needs a device).
   flash3::PersistentTileScheduler::Launch persistent;
-  persistent.prepare(16, 16, 4, 1 << 20, false, true, device, nullptr);
+  persistent.prepare(16, 16, 4, 1 << 20, false, true, device, nullptr, nullptr);
   EXPECT_EQ(persistent.grid(), 132);
   persistent.finish(nullptr);
+}
+
+// A caller's counter (ForwardArgs::tile_counter) replaces flash3's where CTAs
+// claim tiles, with no CUDA call, and is not used where they do not.
+TEST(PersistentTileScheduler, GivenCounter) {
+  flash3::DeviceInfo device;
+  device.num_sms = 132;
+  device.l2_bytes = 50 << 20;
+  int* const given = reinterpret_cast<int*>(0x1000);
+  flash3::PersistentTileScheduler::Launch claims;
+  ASSERT_EQ(claims.prepare(16, 16, 4, 1 << 20, false, true, device, given, nullptr), cudaSuccess);
+  EXPECT_EQ(claims.grid(), 132);
+  EXPECT_EQ(claims.params().counter, given);
+  EXPECT_EQ(claims.finish(nullptr), cudaSuccess);
+  flash3::PersistentTileScheduler::Launch one_wave;
+  ASSERT_EQ(one_wave.prepare(4, 8, 2, 1 << 20, true, true, device, given, nullptr), cudaSuccess);
+  EXPECT_EQ(one_wave.params().counter, nullptr);
+  EXPECT_EQ(one_wave.finish(nullptr), cudaSuccess);
 }
 
 }  // namespace

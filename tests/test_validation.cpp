@@ -219,6 +219,14 @@ TEST(Validation, Pointers) {
   expect_invalid([](ForwardArgs& a) { a.lse = reinterpret_cast<float*>(0x50002); }, "lse");
 }
 
+// The caller's tile counter is optional and needs only an int's alignment.
+TEST(Validation, TileCounter) {
+  ForwardArgs a = valid_args();
+  a.tile_counter = reinterpret_cast<int*>(0x60004);
+  EXPECT_TRUE(flash3::validate(a).ok());
+  expect_invalid([](ForwardArgs& a) { a.tile_counter = reinterpret_cast<int*>(0x60002); }, "tile_counter");
+}
+
 TEST(Validation, Strides) {
   expect_invalid([](ForwardArgs& a) { a.q.dim_stride = 2; }, "q.dim_stride");
   expect_invalid([](ForwardArgs& a) { a.v.dim_stride = 0; }, "v.dim_stride");

@@ -139,6 +139,14 @@ struct ForwardArgs {
   Fp8Scales fp8;  // with dtype kE4M3 only
 
   KernelOptions options;
+
+  // Optional: the device int a launch with more tiles than SMs claims its
+  // tiles from, for a caller whose allocator must own every allocation (CUDA
+  // graph capture under a framework's caching allocator). It must be zero
+  // when the call is enqueued, and the launch leaves it zero; give one to
+  // each stream or graph that may run concurrently. 4-byte aligned. nullptr:
+  // flash3's own (see forward()).
+  int* tile_counter = nullptr;
 };
 
 // Checks the arguments without touching the device: sizes, head dim, pointers
@@ -151,12 +159,12 @@ Status validate(const ForwardArgs& args);
 // Validates first (including that the current device is sm_90), then enqueues
 // the kernel on `stream`. Asynchronous: errors of the kernel itself surface at
 // the next synchronization, as with any CUDA launch. A launch with more
-// tiles than SMs claims them from a 4-byte counter that flash3 allocates in
-// stream order the first time a stream (cudaStreamPerThread: a host thread)
-// is used, keeps for the process's lifetime, and that every launch leaves
-// zero (under graph capture, the graph's own allocation). With batch or
-// seqlen_q 0 there is nothing to write: it validates and returns, without
-// touching the device.
+// tiles than SMs claims them from args.tile_counter or, without one, from a
+// 4-byte counter that flash3 allocates in stream order the first time a
+// stream (cudaStreamPerThread: a host thread) is used, keeps for the
+// process's lifetime, and that every launch leaves zero (under graph
+// capture, the graph's own allocation). With batch or seqlen_q 0 there is
+// nothing to write: it validates and returns, without touching the device.
 Status forward(const ForwardArgs& args, cudaStream_t stream);
 
 // The gradients of forward(): dQ, dK, dV from dO, for training.

@@ -12,7 +12,8 @@
  * Every function that can fail returns flash3::Status::Code as an int (0 ok,
  * 1 invalid argument, 2 unsupported, 3 CUDA error) and, when not ok, copies
  * the message (truncated, NUL-terminated) into `message` if it is not NULL.
- * Nothing throws across this boundary. */
+ * Nothing throws across this boundary: a failure on the host (out of memory)
+ * is code 3 with its message. A NULL `args` is code 1, "args: null pointer". */
 #ifndef FLASH3_FLASH3_C_H_
 #define FLASH3_FLASH3_C_H_
 
@@ -29,7 +30,8 @@ const char* flash3_version(void);
 /* Byte offset of `field` in the struct `struct_name` ("ForwardArgs",
  * "BackwardArgs", "QuantizeArgs", "TensorRef", "Fp8Scales", "KernelOptions");
  * with field "" the struct's size. -1 for a name it does not know. Nested
- * fields are named with dots ("q.seq_stride", "fp8.out_dtype"). */
+ * fields are named with dots ("q.seq_stride", "fp8.out_dtype"); a nested
+ * struct's own name ("q", "fp8") gives its offset. */
 int64_t flash3_abi_offset(const char* struct_name, const char* field);
 
 /* flash3::validate / forward / backward / quantize_fp8. `args` points to a
@@ -47,7 +49,7 @@ int flash3_backward_workspace_size(const void* args, size_t* bytes, char* messag
 
 /* flash3::fp8_block_sizes (into *q, *kv) and flash3::fp8_scale_count;
  * granularity is ScaleGranularity as an int (0 per tensor, 1 per head, 2 per
- * block). */
+ * block); the count is 0 for another value. */
 void flash3_fp8_block_sizes(int64_t head_dim, int64_t* q, int64_t* kv);
 int64_t flash3_fp8_scale_count(int granularity, int64_t batch, int64_t heads, int64_t seqlen, int64_t block);
 

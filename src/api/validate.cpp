@@ -80,6 +80,10 @@ Status validate(ForwardArgs const& a) {
   }
   // LSE's layout is fixed and dense, so it cannot overlap itself: only its alignment to check.
   if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
+  // The kernel's atomics on the counter need its natural alignment.
+  if (reinterpret_cast<uintptr_t>(a.tile_counter) % alignof(int) != 0) {
+    return invalid("tile_counter: must be 4-byte aligned");
+  }
   return Status();
 }
 

@@ -30,8 +30,8 @@ namespace flash3 {
 struct PersistentTileScheduler {
   struct Params {
     TileOrder order;
-    // Zero at the launch (TileCounter). nullptr: no more tiles than CTAs, CTA
-    // c takes tile c alone.
+    // Zero at the launch (the caller's, or a TileCounter). nullptr: no more
+    // tiles than CTAs, CTA c takes tile c alone.
     int* counter;
   };
 
@@ -39,14 +39,21 @@ struct PersistentTileScheduler {
   // query head reads (TileOrder's L2 sections).
   class Launch {
    public:
+    // given_counter: the caller's (ForwardArgs::tile_counter), used instead
+    // of a TileCounter when CTAs claim tiles; nullptr: flash3's own.
     cudaError_t prepare(int num_m_blocks, int num_heads, int num_batch, int64_t kv_bytes_per_head, bool causal,
-                        bool persistent, DeviceInfo const& device, cudaStream_t stream) {
+                        bool persistent, DeviceInfo const& device, int* given_counter, cudaStream_t stream) {
       int const tiles = num_m_blocks * num_heads * num_batch;
       grid_ = persistent ? std::min(tiles, device.num_sms) : tiles;
       TileOrder const order =
           TileOrder::make(num_m_blocks, num_heads, num_batch, kv_bytes_per_head, device.l2_bytes, causal, grid_);
-      cudaError_t const err = grid_ < tiles ? counter_.acquire(device.id, stream) : cudaSuccess;
-      params_ = Params{order, counter_.get()};
+      cudaError_t err = cudaSuccess;
+      int* counter = nullptr;
+      if (grid_ < tiles) {
+        if (given_counter == nullptr) err = counter_.acquire(device.id, stream);
+        counter = given_counter != nullptr ? given_counter : counter_.get();
+      }
+      params_ = Params{order, counter};
       return err;
     }
     // After the launch: a graph's counter is freed in the graph.

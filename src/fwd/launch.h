@@ -59,7 +59,7 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   typename KernelT::Scheduler::Launch launch;
   if (err == cudaSuccess) {
     err = launch.prepare(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, Traits::kCausal, a.options.persistent,
-                         device, stream);
+                         device, a.tile_counter, stream);
   }
   if (err == cudaSuccess) {
     params.scheduler = launch.params();
