@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (flash3's 
 import flash3  # noqa: E402
 from flash3 import _abi, _ops, interface  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from transformer_block import Block  # noqa: E402
 
 BF16, FP16, E4M3 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 
@@ -230,25 +231,6 @@ def test_opcheck_on_meta(op, args):
 
 
 # ---- tracing ----------------------------------------------------------------
-
-
-class Block(torch.nn.Module):
-    """A pre-norm transformer block with GQA attention through flash3."""
-
-    def __init__(self, dim=256, heads=4, heads_kv=2):
-        super().__init__()
-        self.heads, self.heads_kv, self.head_dim = heads, heads_kv, dim // heads
-        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
-        self.qkv = torch.nn.Linear(dim, (heads + 2 * heads_kv) * self.head_dim, bias=False)
-        self.proj = torch.nn.Linear(dim, dim, bias=False)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
-
-    def forward(self, x):
-        b, t, _ = x.shape
-        qkv = self.qkv(self.norm1(x)).view(b, t, self.heads + 2 * self.heads_kv, self.head_dim)
-        q, k, v = qkv.split([self.heads, self.heads_kv, self.heads_kv], dim=2)
-        x = x + self.proj(flash3.flash_attn_func(q, k, v, causal=True).reshape(b, t, -1))
-        return x + self.mlp(self.norm2(x))
 
 
 def test_compile_fullgraph_on_meta():
