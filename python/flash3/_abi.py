@@ -107,6 +107,15 @@ class QuantizeArgs(ctypes.Structure):
 
 MIRRORS = (TensorRef, KernelOptions, Fp8Scales, ForwardArgs, BackwardArgs, QuantizeArgs)
 
+# flash3::DType and flash3::ScaleGranularity values.
+BF16, FP16, E4M3 = 0, 1, 2
+PER_TENSOR, PER_HEAD, PER_BLOCK = 0, 1, 2
+
+# FP8 scale blocks (query rows, key/value rows) per head dim: the forward
+# kernel's FP8 tiles (src/fwd/tile_size.h). The fake implementations need them
+# without the library; load() checks them against flash3_fp8_block_sizes.
+FP8_BLOCK_SIZES = {64: (192, 128), 128: (128, 192), 256: (128, 96)}
+
 _CODES = {ctypes.c_int: "i", ctypes.c_int64: "q", ctypes.c_uint64: "Q", ctypes.c_void_p: "Q", ctypes.c_float: "f",
           ctypes.c_bool: "?"}
 assert ctypes.sizeof(ctypes.c_void_p) == 8, "flash3 runs on 64-bit hosts only"
@@ -135,14 +144,6 @@ def packer(cls):
     fmt += f"{ctypes.sizeof(cls) - pos}x" * (ctypes.sizeof(cls) > pos)
     return struct.Struct(fmt)
 
-# flash3::DType and flash3::ScaleGranularity values.
-BF16, FP16, E4M3 = 0, 1, 2
-PER_TENSOR, PER_HEAD, PER_BLOCK = 0, 1, 2
-
-# FP8 scale blocks (query rows, key/value rows) per head dim: the forward
-# kernel's FP8 tiles (src/fwd/tile_size.h). The fake implementations need them
-# without the library; load() checks them against flash3_fp8_block_sizes.
-FP8_BLOCK_SIZES = {64: (192, 128), 128: (128, 192), 256: (128, 96)}
 
 LIBRARY_NAME = "libflash3_c.so"
 

@@ -25,7 +25,8 @@ GRANULARITIES = {"tensor": _abi.PER_TENSOR, "head": _abi.PER_HEAD, "block": _abi
 _GRANULARITY_OF_RANK = {0: _abi.PER_TENSOR, 1: _abi.PER_TENSOR, 2: _abi.PER_HEAD, 3: _abi.PER_BLOCK}
 
 _byref = ctypes.byref
-_raw_stream = torch._C._cuda_getCurrentRawStream  # the cudaStream_t as an int, without a Stream object (as inductor does)
+# The current cudaStream_t as an int, without making a Stream object (as inductor's generated code gets it).
+_raw_stream = torch._C._cuda_getCurrentRawStream
 # Each struct is filled by one pack_into of its scalar fields in declaration
 # order (flash3.h's; test_abi.py checks the *_args builders below by name).
 _pack_forward = _abi.packer(_abi.ForwardArgs).pack_into
@@ -197,8 +198,8 @@ def _backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     buf = _abi.message_buffer()
     _abi.raise_for_status(lib.backward_workspace_size(_byref(args), _byref(size), buf, _abi.MESSAGE_BYTES), buf,
                           "backward")
-    workspace = torch.empty(size.value, dtype=torch.uint8, device=q.device) if size.value else None
-    if workspace is not None:
+    if size.value:
+        workspace = torch.empty(size.value, dtype=torch.uint8, device=q.device)  # alive until the launch
         args.workspace = workspace.data_ptr()
     _run(lib.backward, args, _raw_stream(q.device.index), "backward")
     return dq, dk, dv

@@ -110,12 +110,12 @@ def make(shape, dtype, layout, device="cuda"):
     head_dim] (SDPA's); a slice of a wider buffer (more heads, longer rows)."""
     b, s, h, d = shape
     if layout == "contiguous":
-        t = torch.randn(b, s, h, d, device=device)
+        t = torch.randn(b, s, h, d, device=device, dtype=dtype)
     elif layout == "heads-first":
-        t = torch.randn(b, h, s, d, device=device).transpose(1, 2)
+        t = torch.randn(b, h, s, d, device=device, dtype=dtype).transpose(1, 2)
     else:
-        t = torch.randn(b, s, h + 2, d + 64, device=device)[:, :, 1:h + 1, :d]
-    return t.to(dtype).detach().requires_grad_()
+        t = torch.randn(b, s, h + 2, d + 64, device=device, dtype=dtype)[:, :, 1:h + 1, :d]
+    return t.requires_grad_()
 
 
 def random_case(rng, head_dim):

@@ -90,8 +90,8 @@ def _bad_calls():
         ("quantize hadamard", lambda: flash3.quantize_fp8(q, k, v, hadamard=1), ValueError, "hadamard"),
         ("quantize seed", lambda: flash3.quantize_fp8(q, k, v, seed=-1), ValueError, "seed"),
         ("quantize seed big", lambda: flash3.quantize_fp8(q, k, v, seed=2 ** 63), ValueError, "seed"),
-        ("quantize cpu", lambda: flash3.quantize_fp8(*(torch.empty(t.shape, dtype=BF16) for t in (q, k, v))), ValueError,
-         "q: must be a CUDA tensor"),
+        ("quantize cpu", lambda: flash3.quantize_fp8(*(torch.empty(t.shape, dtype=BF16) for t in (q, k, v))),
+         ValueError, "q: must be a CUDA tensor"),
     ]
 
 
