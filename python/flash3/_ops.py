@@ -1,0 +1,305 @@
+"""flash3's PyTorch operators: flash3::fwd, flash3::bwd and flash3::quantize_fp8
+(torch.library custom ops with fake implementations, fwd differentiable
+through bwd), and the eager fast path that calls the same implementations.
+
+The implementations take tensors already checked by interface.py, fill
+flash3.h's structs from their pointers and (element) strides, and call the C
+ABI on PyTorch's current stream of the tensors' device. Every output is
+allocated here, contiguous, by the caching allocator, so that the real and the
+fake implementations agree on shapes and strides and CUDA graphs capture them.
+"""
+import ctypes
+import functools
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from . import _abi
+
+DTYPES = {torch.bfloat16: _abi.BF16, torch.float16: _abi.FP16, torch.float8_e4m3fn: _abi.E4M3}
+GRANULARITIES = {"tensor": _abi.PER_TENSOR, "head": _abi.PER_HEAD, "block": _abi.PER_BLOCK}
+# A scale tensor's rank says its granularity: (1,) or a scalar per tensor,
+# [batch, heads] per head, [batch, heads, blocks] per block.
+_GRANULARITY_OF_RANK = {0: _abi.PER_TENSOR, 1: _abi.PER_TENSOR, 2: _abi.PER_HEAD, 3: _abi.PER_BLOCK}
+
+_byref = ctypes.byref
+# The current cudaStream_t as an int, without making a Stream object (as inductor's generated code gets it).
+_raw_stream = torch._C._cuda_getCurrentRawStream
+# Each struct is filled by one pack_into of its scalar fields in declaration
+# order (flash3.h's; test_abi.py checks the *_args builders below by name).
+_pack_forward = _abi.packer(_abi.ForwardArgs).pack_into
+_pack_backward = _abi.packer(_abi.BackwardArgs).pack_into
+_pack_quantize = _abi.packer(_abi.QuantizeArgs).pack_into
+_ALL_ON = (True, True, True, True)  # KernelOptions: flash3.h's defaults
+
+
+def _ref(t):
+    """A TensorRef's fields: data, then the batch, seq, head and dim strides."""
+    return (t.data_ptr(), *t.stride())
+
+
+def _head_dim_contiguous(t):
+    """t, or a contiguous copy when its head dim is strided (the kernels need
+    stride 1 there, and FlashAttention-3 copies such inputs too)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _kernel_readable(t):
+    """t, or a contiguous copy when TMA cannot read it: autograd hands the
+    backward a dO of any layout (an expanded or broadcast gradient has zero
+    strides), which the caller does not choose. TMA needs a 16-byte aligned
+    base, a contiguous head dim and, for each mode of more than one index, a
+    positive stride of a multiple of 16 bytes."""
+    e = t.element_size()
+    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
+        n <= 1 or (s > 0 and s * e % 16 == 0) for n, s in zip(t.shape[:3], t.stride()[:3]))
+    return t if ok else t.clone(memory_format=torch.contiguous_format)
+
+
+def _on_tensor_device(impl):
+    """Runs impl with its first tensor's device current (the library checks
+    and launches on the current device), switching only when it is not."""
+    @functools.wraps(impl)
+    def wrapper(*args):
+        index = args[0].device.index
+        if torch.cuda.current_device() == index:
+            return impl(*args)
+        with torch.cuda.device(index):
+            return impl(*args)
+    return wrapper
+
+
+def _run(entry, args, stream, what):
+    buf = _abi.message_buffer()
+    _abi.raise_for_status(entry(_byref(args), stream, buf, _abi.MESSAGE_BYTES), buf, what)
+
+
+# The forward's persistent scheduler claims tiles from a zeroed int32 counter
+# that every launch leaves zero. Eager calls reuse one per (device, stream);
+# under CUDA graph capture each launch gets its own from the caching allocator
+# (then the graph's pool), zeroed by a node of the graph, so that graphs
+# replayed concurrently never share one.
+_tile_counters = {}
+
+
+def _tile_counter(device_index, stream):
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(1, dtype=torch.int32, device=device_index)
+    key = (device_index, stream)
+    counter = _tile_counters.get(key)
+    if counter is None:
+        counter = _tile_counters[key] = torch.zeros(1, dtype=torch.int32, device=device_index)
+    return counter
+
+
+# ---- outputs: shared by the real and the fake implementations --------------
+
+
+def _forward_outputs(q, out_dtype):
+    b, sq, hq, d = q.shape
+    return (q.new_empty((b, sq, hq, d), dtype=out_dtype),
+            q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+def _backward_outputs(q, k, v):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def scale_shape(granularity, batch, heads, seqlen, block):
+    """The shape of one tensor's FP8 scales in flash3's layouts."""
+    if granularity == _abi.PER_TENSOR:
+        return (1,)
+    if granularity == _abi.PER_HEAD:
+        return (batch, heads)
+    return (batch, heads, (seqlen + block - 1) // block)
+
+
+def _quantize_outputs(q, k, v, granularity):
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    block_q, block_kv = _abi.FP8_BLOCK_SIZES[d]
+    e4m3 = torch.float8_e4m3fn
+    return (q.new_empty(q.shape, dtype=e4m3), k.new_empty(k.shape, dtype=e4m3), v.new_empty(v.shape, dtype=e4m3),
+            q.new_empty(scale_shape(granularity, b, hq, sq, block_q), dtype=torch.float32),
+            k.new_empty(scale_shape(granularity, b, hkv, sk, block_kv), dtype=torch.float32),
+            v.new_empty(scale_shape(granularity, b, hkv, sk, block_kv), dtype=torch.float32))
+
+
+# ---- the structs, from tensors (any device: test_abi.py fills them on the CPU)
+
+
+def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter):
+    args = _abi.ForwardArgs()
+    if scales[0] is None:
+        fp8 = (0, 0, 0, 0, 0)
+    else:
+        q_scale, k_scale, v_scale = scales
+        fp8 = (_GRANULARITY_OF_RANK[q_scale.dim()], q_scale.data_ptr(), k_scale.data_ptr(), v_scale.data_ptr(),
+               DTYPES[out.dtype])
+    b, sq, hq, d = q.shape
+    _pack_forward(args, 0, DTYPES[q.dtype], b, sq, k.shape[1], hq, k.shape[2], d, *_ref(q), *_ref(k), *_ref(v),
+                  *_ref(out), lse.data_ptr(), softmax_scale, causal, *fp8, *_ALL_ON, counter.data_ptr())
+    return args
+
+
+def backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic):
+    """BackwardArgs without a workspace (set once its size is known)."""
+    args = _abi.BackwardArgs()
+    b, sq, hq, d = q.shape
+    _pack_backward(args, 0, DTYPES[q.dtype], b, sq, k.shape[1], hq, k.shape[2], d, *_ref(q), *_ref(k), *_ref(v),
+                   *_ref(out), *_ref(dout), lse.data_ptr(), *_ref(dq), *_ref(dk), *_ref(dv), softmax_scale, causal,
+                   deterministic, 0)
+    return args
+
+
+def quantize_args(q, k, v, outs, granularity, hadamard, seed):
+    q8, k8, v8, q_scale, k_scale, v_scale = outs
+    args = _abi.QuantizeArgs()
+    b, sq, hq, d = q.shape
+    _pack_quantize(args, 0, DTYPES[q.dtype], b, sq, k.shape[1], hq, k.shape[2], d, *_ref(q), *_ref(k), *_ref(v),
+                   *_ref(q8), *_ref(k8), *_ref(v8), granularity, q_scale.data_ptr(), k_scale.data_ptr(),
+                   v_scale.data_ptr(), hadamard, seed)
+    return args
+
+
+# ---- the implementations on CUDA tensors -----------------------------------
+# Outputs, workspace and tile counter come from the caching allocator on the
+# tensors' device and its current stream, the launch's: it orders their reuse
+# after the launch, and a graph capture owns them.
+
+
+@_on_tensor_device
+def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_scale: Optional[Tensor], k_scale: Optional[Tensor],
+                  v_scale: Optional[Tensor], softmax_scale: float, causal: bool, deterministic: bool,
+                  out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    # `deterministic` is the backward's mode: an input here so that autograd
+    # (setup_context) sees it; the forward is deterministic anyway.
+    lib = _abi.load()
+    q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
+    out, lse = _forward_outputs(q, out_dtype)
+    stream = _raw_stream(q.device.index)
+    counter = _tile_counter(q.device.index, stream)
+    args = forward_args(q, k, v, out, lse, (q_scale, k_scale, v_scale), softmax_scale, causal, counter)
+    _run(lib.forward, args, stream, "forward")
+    return out, lse
+
+
+@_on_tensor_device
+def _backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                   softmax_scale: float, causal: bool, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    lib = _abi.load()
+    q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
+    dout, out = _kernel_readable(dout), _head_dim_contiguous(out)
+    dq, dk, dv = _backward_outputs(q, k, v)
+    args = backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic)
+    size = ctypes.c_size_t()
+    buf = _abi.message_buffer()
+    _abi.raise_for_status(lib.backward_workspace_size(_byref(args), _byref(size), buf, _abi.MESSAGE_BYTES), buf,
+                          "backward")
+    if size.value:
+        workspace = torch.empty(size.value, dtype=torch.uint8, device=q.device)  # alive until the launch
+        args.workspace = workspace.data_ptr()
+    _run(lib.backward, args, _raw_stream(q.device.index), "backward")
+    return dq, dk, dv
+
+
+@_on_tensor_device
+def _quantize_impl(q: Tensor, k: Tensor, v: Tensor, granularity: int, hadamard: bool,
+                   seed: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    lib = _abi.load()
+    q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
+    outs = _quantize_outputs(q, k, v, granularity)
+    _run(lib.quantize_fp8, quantize_args(q, k, v, outs, granularity, hadamard, seed), _raw_stream(q.device.index),
+         "quantize_fp8")
+    return outs
+
+
+# ---- the torch.library operators -------------------------------------------
+
+fwd = torch.library.custom_op("flash3::fwd", _forward_impl, mutates_args=(), device_types="cuda")
+bwd = torch.library.custom_op("flash3::bwd", _backward_impl, mutates_args=(), device_types="cuda")
+quantize_fp8 = torch.library.custom_op("flash3::quantize_fp8", _quantize_impl, mutates_args=(), device_types="cuda")
+
+
+@fwd.register_fake
+def _forward_fake(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype):
+    return _forward_outputs(q, out_dtype)
+
+
+@bwd.register_fake
+def _backward_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic):
+    return _backward_outputs(q, k, v)
+
+
+@quantize_fp8.register_fake
+def _quantize_fake(q, k, v, granularity, hadamard, seed):
+    return _quantize_outputs(q, k, v, granularity)
+
+
+def _save(ctx, q, k, v, out, lse, softmax_scale, causal, deterministic):
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+    # The backward kernel gives no gradient through the LSE: using it in a
+    # loss raises instead of silently dropping that term.
+    ctx.mark_non_differentiable(lse)
+
+
+def _gradients(ctx, dout, backward):
+    q, k, v, out, lse = ctx.saved_tensors
+    if q.dtype == torch.float8_e4m3fn:
+        raise NotImplementedError("flash3: the backward pass takes bfloat16 or float16 inputs; the FP8 "
+                                  "(float8_e4m3fn) path is forward only")
+    return backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, _, _, _, softmax_scale, causal, deterministic, _ = inputs
+    _save(ctx, q, k, v, output[0], output[1], softmax_scale, causal, deterministic)
+
+
+def _fwd_backward(ctx, dout, dlse):
+    return _gradients(ctx, dout, bwd) + (None,) * 7
+
+
+fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """flash3::fwd's autograd without the dispatcher: the same implementations
+    called directly, for eager calls on plain CUDA tensors (the custom op's
+    Python dispatch costs several times SDPA's per-call overhead)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype):
+        out, lse = _forward_impl(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype)
+        _save(ctx, q, k, v, out, lse, softmax_scale, causal, deterministic)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _gradients(ctx, dout, _backward_impl) + (None,) * 7
+
+
+def _eager(q, k, v):
+    """Whether this call may bypass the dispatcher: not traced (torch.compile,
+    make_fx, fake or other dispatch modes) and plain CUDA tensors."""
+    return (not torch.compiler.is_compiling() and q.is_cuda and type(q) is Tensor and type(k) is Tensor
+            and type(v) is Tensor and _get_current_dispatch_mode() is None)
+
+
+def attention(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype):
+    """(out, lse) of checked arguments, differentiable in q, k, v."""
+    if _eager(q, k, v):
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _EagerAttention.apply(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic,
+                                         out_dtype)
+        return _forward_impl(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype)
+    return fwd(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype)
+
+
+def quantize(q, k, v, granularity, hadamard, seed):
+    if _eager(q, k, v):
+        return _quantize_impl(q, k, v, granularity, hadamard, seed)
+    return quantize_fp8(q, k, v, granularity, hadamard, seed)

@@ -1,0 +1,254 @@
+"""flash3's public functions, with FlashAttention-3's names, argument order and
+defaults (hopper/flash_attn_interface.py), so that swapping the import is the
+whole migration.
+
+Every argument is checked here, in Python, before any library call: a bad one
+raises ValueError naming it (NotImplementedError for FlashAttention-3 features
+flash3 does not have), on any machine, with or without the library or a GPU.
+Tensors are [batch, seqlen, heads, head_dim] on one CUDA device (or the meta
+device, for shape inference); any strides the kernels accept, a head dim of
+stride other than 1 being copied to a contiguous one first (as FlashAttention-3
+does). The call runs on the tensors' device and PyTorch's current stream.
+"""
+import math
+import numbers
+
+import torch
+
+from . import _abi, _ops
+
+HEAD_DIMS = (64, 96, 128, 192, 256)
+FP8_HEAD_DIMS = tuple(_abi.FP8_BLOCK_SIZES)
+_E4M3 = torch.float8_e4m3fn
+_OUT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _not_supported(**values_and_defaults):
+    """NotImplementedError for a FlashAttention-3 argument that flash3 does
+    not support yet, given anything but its default."""
+    for name, (value, default) in values_and_defaults.items():
+        if isinstance(value, list):
+            value = tuple(value)  # window_size may come as a list
+        if value is default:
+            continue
+        if value is None or default is None or value != default:
+            raise NotImplementedError(
+                f"{name}: flash3 does not support {name}={value!r} (only the default {default!r})")
+
+
+def _check_tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"{name}: must have 4 dims [batch, seqlen, heads, head_dim], got shape {tuple(t.shape)}")
+
+
+def _check_qkv(q, k, v, dtypes, head_dims=None):
+    """Devices, dtypes, shapes, head dim and GQA of q, k, v; head_dims None:
+    those of q's dtype."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+    if q.device.type not in ("cuda", "meta"):
+        raise ValueError(f"q: must be a CUDA tensor (flash3 runs on Hopper GPUs), got device {q.device}")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name}: must be on q's device {q.device}, got {t.device}")
+    if q.dtype not in dtypes:
+        raise ValueError(f"q: dtype {q.dtype} is not supported: flash3 takes "
+                         + ", ".join(str(d) for d in dtypes))
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: dtype must be q's ({q.dtype}), got {t.dtype}")
+    batch, _, heads_q, head_dim = q.shape
+    if k.shape[0] != batch:
+        raise ValueError(f"k: batch must be q's ({batch}), got {k.shape[0]}")
+    if k.shape[3] != head_dim:
+        raise ValueError(f"k: head_dim must be q's ({head_dim}), got {k.shape[3]}")
+    if v.shape != k.shape:
+        raise ValueError(f"v: shape must be k's {tuple(k.shape)}, got {tuple(v.shape)}")
+    if head_dims is None:
+        head_dims = FP8_HEAD_DIMS if q.dtype == _E4M3 else HEAD_DIMS
+    if head_dim not in head_dims:
+        raise ValueError(f"q: head_dim {head_dim} is not supported{' with FP8' if head_dims is FP8_HEAD_DIMS else ''}: "
+                         f"flash3 has {', '.join(map(str, head_dims))}")
+    heads_kv = k.shape[2]
+    if heads_q == 0 or heads_kv == 0 or heads_q % heads_kv != 0:
+        raise ValueError(f"k: its heads ({heads_kv}) must divide q's ({heads_q}): MHA, GQA or MQA")
+
+
+def _scale_granularity(name, t, device, shapes):
+    """The granularity of one descale tensor (None: absent), from its shape;
+    `shapes` maps each granularity to the shapes it may have."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise ValueError(f"{name}: must be float32, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name}: must be on q's device {device}, got {t.device}")
+    if t.dim() <= 1 and t.numel() == 1:
+        return _abi.PER_TENSOR
+    shape = tuple(t.shape)
+    for granularity in (_abi.PER_HEAD, _abi.PER_BLOCK):
+        if shape in shapes[granularity]:
+            return granularity
+    raise ValueError(
+        f"{name}: shape {shape} is none of the descale layouts: one value (shape (1,)), per head "
+        f"{' or '.join(map(str, shapes[_abi.PER_HEAD]))}, or per block {shapes[_abi.PER_BLOCK][0]} "
+        "(flash3.quantize_fp8 writes them)")
+
+
+def _fp8_scales(q, k, q_descale, k_descale, v_descale):
+    """The three descales in flash3's layouts, at the finest granularity any of
+    them has: the coarser ones (and ones for an absent one, as in
+    FlashAttention-3) broadcast to it. A (batch, heads_kv) Q descale, as
+    FlashAttention-3 takes it, serves every query head of its group."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    block_q, block_kv = _abi.FP8_BLOCK_SIZES[head_dim]
+    q_shapes = {_abi.PER_HEAD: [(batch, heads_kv), (batch, heads_q)] if heads_q != heads_kv else [(batch, heads_q)],
+                _abi.PER_BLOCK: [_ops.scale_shape(_abi.PER_BLOCK, batch, heads_q, seqlen_q, block_q)]}
+    kv_shapes = {_abi.PER_HEAD: [(batch, heads_kv)],
+                 _abi.PER_BLOCK: [_ops.scale_shape(_abi.PER_BLOCK, batch, heads_kv, seqlen_k, block_kv)]}
+    given = [(t, _scale_granularity(name, t, q.device, shapes), heads, seqlen, block)
+             for name, t, shapes, heads, seqlen, block in (
+                 ("q_descale", q_descale, q_shapes, heads_q, seqlen_q, block_q),
+                 ("k_descale", k_descale, kv_shapes, heads_kv, seqlen_k, block_kv),
+                 ("v_descale", v_descale, kv_shapes, heads_kv, seqlen_k, block_kv))]
+    target = max((g for _, g, *_ in given if g is not None), default=_abi.PER_TENSOR)
+    scales = []
+    for t, g, heads, seqlen, block in given:
+        if t is None:
+            t, g = torch.ones(1, dtype=torch.float32, device=q.device), _abi.PER_TENSOR
+        if target == _abi.PER_TENSOR:
+            t = t.reshape(1)
+        else:
+            if g == _abi.PER_TENSOR:
+                t = t.reshape(1, 1)
+            elif g == _abi.PER_HEAD and t.shape[1] != heads:
+                t = t.repeat_interleave(heads // t.shape[1], dim=1)
+            if target == _abi.PER_BLOCK and g != _abi.PER_BLOCK:
+                t = t.unsqueeze(-1)
+            t = t.expand(_ops.scale_shape(target, batch, heads, seqlen, block))
+        scales.append(t.contiguous())
+    return scales
+
+
+def _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic, return_attn_probs,
+            out_dtype):
+    """flash_attn_func and flash_attn_qkvpacked_func past their own arguments."""
+    _check_qkv(q, k, v, _ops.DTYPES)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    else:
+        # 0 would select the default in the library: refused, as any value
+        # that would not scale the scores as asked.
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or not (
+                math.isfinite(softmax_scale) and softmax_scale > 0):
+            raise ValueError(f"softmax_scale: must be a finite positive number or None "
+                             f"(1/sqrt(head_dim)), got {softmax_scale!r}")
+        softmax_scale = float(softmax_scale)
+    if q.dtype == _E4M3:
+        if out_dtype is None:
+            out_dtype = torch.bfloat16
+        elif out_dtype not in _OUT_DTYPES:
+            raise ValueError(f"out_dtype: FP8 attention writes torch.bfloat16 or torch.float16, got {out_dtype}")
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise NotImplementedError("q: FP8 (float8_e4m3fn) attention has no backward pass in flash3: "
+                                      "call it on tensors that do not require grad, or under torch.no_grad()")
+        scales = _fp8_scales(q, k, q_descale, k_descale, v_descale)
+    else:
+        for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+            if t is not None:
+                raise ValueError(f"{name}: descales are for float8_e4m3fn inputs; q is {q.dtype}")
+        if out_dtype is not None and out_dtype != q.dtype:
+            raise ValueError(f"out_dtype: {q.dtype} inputs give a {q.dtype} output, got {out_dtype}")
+        out_dtype = q.dtype
+        scales = (None, None, None)
+    out, lse = _ops.attention(q, k, v, *scales, softmax_scale, bool(causal), bool(deterministic), out_dtype)
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
+                    v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                    pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False, *, out_dtype=None):
+    """softmax(softmax_scale * q k^T [causal mask]) v, as FlashAttention-3's.
+
+    q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv,
+    head_dim], heads_kv dividing heads_q (MHA, GQA, MQA); torch.bfloat16 or
+    torch.float16 (differentiable), or torch.float8_e4m3fn with float32
+    descales (forward only): shape (1,) per tensor, (batch, heads_kv) per head
+    as FlashAttention-3 takes them (or (batch, heads_q) for q), or the per-block
+    layouts of flash3.quantize_fp8; absent ones are 1. Head dims 64, 96, 128,
+    192, 256 (FP8: 64, 128, 256). The causal mask is aligned to the bottom
+    right corner. softmax_scale None is 1/sqrt(head_dim). deterministic makes
+    the backward pass bitwise reproducible.
+
+    Returns out [batch, seqlen_q, heads_q, head_dim] (q's dtype; FP8:
+    out_dtype, torch.bfloat16 by default), and with return_attn_probs
+    (out, lse), lse the float32 [batch, heads_q, seqlen_q] log-sum-exp of
+    each row's scaled scores.
+
+    qv, window_size, attention_chunk, softcap, num_splits, pack_gqa and
+    sm_margin are FlashAttention-3's; any value but the default raises
+    NotImplementedError. out_dtype is flash3's own.
+    """
+    _not_supported(qv=(qv, None), window_size=(window_size, (-1, -1)), attention_chunk=(attention_chunk, 0),
+                   softcap=(softcap, 0.0), num_splits=(num_splits, 1), pack_gqa=(pack_gqa, None),
+                   sm_margin=(sm_margin, 0))
+    return _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic,
+                   return_attn_probs, out_dtype)
+
+
+def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None,
+                              window_size=(-1, -1), attention_chunk=0, softcap=0.0, deterministic=False,
+                              num_heads_q=None, sm_margin=0, return_attn_probs=False, *, out_dtype=None):
+    """flash_attn_func on one packed tensor, read in place (no copy):
+    qkv [batch, seqlen, 3, heads, head_dim], or [batch, seqlen, heads_q + 2 *
+    heads_kv, head_dim] with num_heads_q (GQA/MQA), Q's heads first, then K's,
+    then V's. Its gradient is one tensor of qkv's shape."""
+    _not_supported(window_size=(window_size, (-1, -1)), attention_chunk=(attention_chunk, 0),
+                   softcap=(softcap, 0.0), sm_margin=(sm_margin, 0))
+    if not isinstance(qkv, torch.Tensor):
+        raise ValueError(f"qkv: must be a torch.Tensor, got {type(qkv).__name__}")
+    if qkv.dim() == 5:
+        if qkv.shape[2] != 3:
+            raise ValueError(f"qkv: a 5-dim qkv is [batch, seqlen, 3, heads, head_dim], got shape {tuple(qkv.shape)}")
+        if num_heads_q is not None and num_heads_q != qkv.shape[3]:
+            raise ValueError(f"num_heads_q: a 5-dim qkv has {qkv.shape[3]} heads, got num_heads_q={num_heads_q}")
+        q, k, v = qkv.unbind(2)
+    elif qkv.dim() == 4:
+        if num_heads_q is None:
+            raise ValueError("num_heads_q: needed with a 4-dim qkv [batch, seqlen, heads_q + 2 * heads_kv, head_dim]")
+        heads_kv = (qkv.shape[2] - num_heads_q) // 2
+        if num_heads_q < 1 or heads_kv < 1 or num_heads_q + 2 * heads_kv != qkv.shape[2]:
+            raise ValueError(f"num_heads_q: qkv's {qkv.shape[2]} heads are not num_heads_q={num_heads_q} "
+                             "plus twice a positive heads_kv")
+        q, k, v = qkv.split([num_heads_q, heads_kv, heads_kv], dim=2)
+    else:
+        raise ValueError(f"qkv: must have 5 dims [batch, seqlen, 3, heads, head_dim] or 4 with num_heads_q, "
+                         f"got shape {tuple(qkv.shape)}")
+    return _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic,
+                   return_attn_probs, out_dtype)
+
+
+def quantize_fp8(q, k, v, granularity="block", hadamard=False, seed=0):
+    """q, k, v (torch.bfloat16 or torch.float16, as for flash_attn_func, head
+    dim 64, 128 or 256) to float8_e4m3fn, with their float32 descales:
+    (q8, k8, v8, q_scale, k_scale, v_scale), a stored value x standing for
+    x * scale. granularity: "tensor" (scales of shape (1,)), "head" ([batch,
+    heads]) or "block" ([batch, heads, blocks], blocks of whole kernel tiles).
+    hadamard: Q and K are first rotated by the same random orthogonal matrix
+    (signs from seed), which spreads outliers before rounding and leaves
+    attention unchanged. flash_attn_func takes the results as they are."""
+    _check_qkv(q, k, v, _OUT_DTYPES, FP8_HEAD_DIMS)
+    if granularity not in _ops.GRANULARITIES:
+        raise ValueError(f"granularity: must be one of {', '.join(map(repr, _ops.GRANULARITIES))}, "
+                         f"got {granularity!r}")
+    if not isinstance(hadamard, bool):
+        raise ValueError(f"hadamard: must be a bool, got {hadamard!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise ValueError(f"seed: must be an int in [0, 2**63), got {seed!r}")
+    # Rounding has no gradient: detached, so that autograd asks for none.
+    return _ops.quantize(q.detach(), k.detach(), v.detach(), _ops.GRANULARITIES[granularity], hadamard, seed)

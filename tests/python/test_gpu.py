@@ -1,0 +1,471 @@
+"""flash3's Python package on a Hopper GPU with libflash3_c built; each test
+skips, saying why, elsewhere ("no CUDA device", "libflash3_c not built ...").
+
+Accuracy follows the C++ tests' rule (tests/gpu_test_util.h): against a
+float64 reference (PyTorch's math SDPA), flash3's max error is at most twice
+that of a straightforward implementation in the same precision, plus a small
+epsilon; the LSE within 1e-3 relative. FP8 is compared with the attention of
+its dequantized inputs.
+"""
+import math
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (flash3's Python package needs it)")
+
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+import flash3  # noqa: E402
+from flash3 import _abi, _ops, interface  # noqa: E402
+from transformer_block import Block  # noqa: E402
+
+BF16, FP16, E4M3 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
+
+
+# ---- references -------------------------------------------------------------
+
+
+def visible(seqlen_q, seqlen_k, causal, device):
+    """[seqlen_q, seqlen_k] bool: whether query i sees key j (causal: j <= i +
+    seqlen_k - seqlen_q, bottom-right aligned as in FlashAttention)."""
+    if not causal:
+        return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    i = torch.arange(seqlen_q, device=device)[:, None]
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    return j <= i + seqlen_k - seqlen_q
+
+
+def _heads_first(q, k, v):
+    """[batch, heads, seqlen, head_dim] views, K and V repeated over each
+    group of query heads (GQA/MQA)."""
+    group = q.shape[2] // k.shape[2]
+    return (q.transpose(1, 2), k.repeat_interleave(group, 2).transpose(1, 2),
+            v.repeat_interleave(group, 2).transpose(1, 2))
+
+
+def reference(q, k, v, causal, scale):
+    """(out, lse) in float64 by PyTorch's math SDPA, differentiable. A row that
+    sees no key gives zeros (gradient zero) and an LSE of +inf, as flash3."""
+    qt, kt, vt = _heads_first(q.double(), k.double(), v.double())
+    mask = visible(q.shape[1], k.shape[1], causal, q.device)
+    empty = ~mask.any(-1)
+    # An all-masked row would be NaN: it sees every key here, then is zeroed.
+    with sdpa_kernel(SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask | empty[:, None], scale=scale)
+    out = out.masked_fill(empty[:, None], 0)
+    scores = (qt @ kt.transpose(-1, -2)) * scale
+    lse = scores.masked_fill(~mask, -math.inf).logsumexp(-1).masked_fill(empty, math.inf)
+    return out.transpose(1, 2), lse
+
+
+def straightforward(q, k, v, causal, scale):
+    """The attention as a plain implementation in q's dtype computes it (S and
+    P rounded to the dtype, the softmax in float32): the yardstick of the
+    tolerance. Differentiable."""
+    qt, kt, vt = _heads_first(q, k, v)
+    s = ((qt @ kt.transpose(-1, -2)) * scale).float()
+    s = s.masked_fill(~visible(q.shape[1], k.shape[1], causal, q.device), -math.inf)
+    p = torch.softmax(s, -1).nan_to_num(0.0).to(q.dtype)
+    return (p @ vt).transpose(1, 2)
+
+
+def max_err(x, ref):
+    return (x.double() - ref.double()).abs().max().item() if x.numel() else 0.0
+
+
+def check_output(name, got, ref, low):
+    err, low_err = max_err(got, ref), max_err(low, ref)
+    assert err <= 2 * low_err + 1e-5, f"{name}: flash3's max error {err:.3g}, a straightforward one's {low_err:.3g}"
+
+
+def check_gradient(name, got, ref, low):
+    # Beyond twice the straightforward error: the rounding of the reference to
+    # the dtype, and 1e-4 of the largest gradient (float32 accumulation), as
+    # the C++ backward test's epsilon.
+    err, low_err = max_err(got, ref), max_err(low, ref)
+    rounding = max_err(ref.to(got.dtype), ref)
+    bound = 2 * low_err + rounding + 1e-4 * ref.abs().max().item() + 1e-5
+    assert err <= bound, f"{name}: flash3's max error {err:.3g}, bound {bound:.3g} (straightforward {low_err:.3g})"
+
+
+def check_lse(lse, ref, slack=0.0):
+    assert lse.dtype == torch.float32 and lse.shape == ref.shape
+    inf = torch.isinf(ref)
+    assert torch.equal(torch.isinf(lse), inf) and bool((lse[inf] > 0).all()), "LSE: +inf exactly where no key is seen"
+    diff = (lse.double() - ref)[~inf].abs()
+    bound = (1e-3 * ref[~inf].abs().clamp(min=1.0) + slack)
+    assert bool((diff <= bound).all()), f"LSE: max error {diff.max().item():.3g}"
+
+
+# ---- inputs -----------------------------------------------------------------
+
+LAYOUTS = ("contiguous", "heads-first", "padded")
+
+
+def make(shape, dtype, layout, device="cuda"):
+    """A random [batch, seqlen, heads, head_dim] leaf in one of the layouts
+    the kernels read in place: dense; a transposed [batch, heads, seqlen,
+    head_dim] (SDPA's); a slice of a wider buffer (more heads, longer rows)."""
+    b, s, h, d = shape
+    if layout == "contiguous":
+        t = torch.randn(b, s, h, d, device=device, dtype=dtype)
+    elif layout == "heads-first":
+        t = torch.randn(b, h, s, d, device=device, dtype=dtype).transpose(1, 2)
+    else:
+        t = torch.randn(b, s, h + 2, d + 64, device=device, dtype=dtype)[:, :, 1:h + 1, :d]
+    return t.requires_grad_()
+
+
+def random_case(rng, head_dim):
+    heads_kv = rng.choice([1, 2, 3])
+    seqlen_q = rng.choice([1, 2, 63, 64, 65, 127, 129, 192, 255, rng.randint(1, 700)])
+    seqlen_k = seqlen_q if rng.random() < 0.3 else rng.choice([1, 7, 64, 128, 191, 256, rng.randint(1, 700)])
+    return dict(batch=rng.randint(1, 3), seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_kv=heads_kv,
+                heads_q=heads_kv * rng.choice([1, 2, 4]), head_dim=head_dim,
+                layouts=[rng.choice(LAYOUTS) for _ in range(4)], scale=rng.choice([None, 0.5 / math.sqrt(head_dim)]))
+
+
+# ---- forward and backward against float64 SDPA -------------------------------
+
+
+def run_case(dtype, causal, c):
+    b, sq, sk, hq, hkv, d = c["batch"], c["seqlen_q"], c["seqlen_k"], c["heads_q"], c["heads_kv"], c["head_dim"]
+    q = make((b, sq, hq, d), dtype, c["layouts"][0])
+    k = make((b, sk, hkv, d), dtype, c["layouts"][1])
+    v = make((b, sk, hkv, d), dtype, c["layouts"][2])
+    scale = c["scale"] if c["scale"] is not None else d ** -0.5
+    out, lse = flash3.flash_attn_func(q, k, v, softmax_scale=c["scale"], causal=causal, return_attn_probs=True)
+    dout = make((b, sq, hq, d), dtype, c["layouts"][3]).detach()
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_out, ref_lse = reference(*refs, causal, scale)
+    ref_grads = torch.autograd.grad(ref_out, refs, dout.double())
+    lows = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    low_out = straightforward(*lows, causal, scale)
+    low_grads = torch.autograd.grad(low_out, lows, dout)
+
+    assert out.dtype == dtype and out.shape == q.shape
+    check_output(f"out {c}", out, ref_out, low_out)
+    check_lse(lse, ref_lse)
+    for name, x, g, r, lo in zip(("dq", "dk", "dv"), (q, k, v), grads, ref_grads, low_grads):
+        assert g.dtype == dtype and g.shape == x.shape
+        check_gradient(f"{name} {c}", g, r, lo)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+def test_against_float64_sdpa(gpu, dtype, head_dim, causal):
+    rng = random.Random(f"flash3 {dtype} {head_dim} {causal}")  # str seeds are stable across runs
+    torch.manual_seed(rng.randrange(2 ** 31))
+    for _ in range(3):
+        run_case(dtype, causal, random_case(rng, head_dim))
+
+
+def test_queries_that_see_no_key(gpu):
+    # Causal with more queries than keys: the first rows see nothing (zeros, +inf LSE).
+    torch.manual_seed(3)
+    run_case(BF16, True, dict(batch=2, seqlen_q=300, seqlen_k=20, heads_q=4, heads_kv=2, head_dim=128,
+                              layouts=["contiguous"] * 4, scale=None))
+
+
+def test_packed_qkv_is_flash_attn_func_on_its_views(gpu):
+    torch.manual_seed(4)
+    for packed, num_heads_q in ((torch.randn(2, 257, 3, 4, 128, device=gpu, dtype=BF16), None),
+                                (torch.randn(2, 257, 8 + 2 * 2, 128, device=gpu, dtype=BF16), 8)):
+        qkv = packed.requires_grad_()
+        out = flash3.flash_attn_qkvpacked_func(qkv, causal=True, deterministic=True, num_heads_q=num_heads_q)
+        dout = torch.randn_like(out)
+        (dqkv,) = torch.autograd.grad(out, qkv, dout)
+        views = qkv.unbind(2) if qkv.dim() == 5 else qkv.split([8, 2, 2], dim=2)
+        q, k, v = (t.detach().clone().requires_grad_() for t in views)
+        expected = flash3.flash_attn_func(q, k, v, causal=True, deterministic=True)
+        grads = torch.autograd.grad(expected, (q, k, v), dout)
+        assert torch.equal(out, expected)
+        assert torch.equal(dqkv, torch.stack(grads, 2) if qkv.dim() == 5 else torch.cat(grads, 2))
+
+
+# ---- FP8 --------------------------------------------------------------------
+
+
+def dequantize(x8, scale, block):
+    """float64 values of an e4m3 tensor with its scales in flash3's layout."""
+    x = x8.double()
+    if scale.dim() == 1:
+        return x * scale.double()
+    if scale.dim() == 2:
+        return x * scale.double()[:, None, :, None]
+    rows = torch.arange(x.shape[1], device=x.device) // block
+    return x * scale.double()[:, :, rows].permute(0, 2, 1)[..., None]
+
+
+def straightforward_fp8(q, k, v, causal, scale, out_dtype):
+    """Attention of dequantized inputs with P rounded to e4m3 and O to
+    out_dtype, in float32: the FP8 tolerance's yardstick."""
+    qt, kt, vt = _heads_first(q.float(), k.float(), v.float())
+    s = (qt @ kt.transpose(-1, -2)) * scale
+    s = s.masked_fill(~visible(q.shape[1], k.shape[1], causal, q.device), -math.inf)
+    p = torch.softmax(s, -1).nan_to_num(0.0).to(E4M3).float()
+    return (p @ vt).transpose(1, 2).to(out_dtype)
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "head", "block"])
+@pytest.mark.parametrize("head_dim", interface.FP8_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp8_against_dequantized_reference(gpu, granularity, head_dim, causal):
+    rng = random.Random(f"flash3 fp8 {granularity} {head_dim} {causal}")
+    torch.manual_seed(rng.randrange(2 ** 31))
+    block_q, block_kv = _abi.FP8_BLOCK_SIZES[head_dim]
+    for b, sq, sk, hq, hkv in ((2, 1, 1, 4, 4), (1, 113, 300, 8, 2), (2, 255, 255, 4, 1), (1, 700, 129, 2, 2)):
+        # Magnitudes that change from row to row, so that per-block scales differ.
+        q, k, v = (torch.randn(b, s, h, head_dim, device=gpu) * torch.exp(torch.randn(b, s, 1, 1, device=gpu))
+                   for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
+        q, k, v = q.to(BF16), k.to(BF16), v.to(BF16)
+        hadamard, out_dtype = rng.random() < 0.5, rng.choice([BF16, FP16])
+        q8, k8, v8, qs, ks, vs = flash3.quantize_fp8(q, k, v, granularity=granularity, hadamard=hadamard,
+                                                     seed=rng.randrange(2 ** 63))
+        out, lse = flash3.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs,
+                                          return_attn_probs=True, out_dtype=out_dtype)
+        qd, kd, vd = dequantize(q8, qs, block_q), dequantize(k8, ks, block_kv), dequantize(v8, vs, block_kv)
+        scale = head_dim ** -0.5
+        ref_out, ref_lse = reference(qd, kd, vd, causal, scale)
+        case = f"b{b} sq{sq} sk{sk} h{hq}/{hkv} hadamard={hadamard} {out_dtype}"
+        assert out.dtype == out_dtype
+        check_output(f"fp8 out {case}", out, ref_out, straightforward_fp8(qd, kd, vd, causal, scale, out_dtype))
+        # FP8 WGMMA accumulates with about 14 mantissa bits: S = QK^T carries
+        # up to 2^-13 of sum |q_c k_c| per k-step of 32 (the C++ FP8 test's slack).
+        accumulation = (head_dim / 32) * 2.0 ** -13 * scale
+        group = hq // hkv
+        k_max = kd.norm(dim=-1).amax(dim=1).repeat_interleave(group, 1)  # [b, hq]
+        slack = accumulation * qd.norm(dim=-1).transpose(1, 2) * k_max[:, :, None]  # [b, hq, sq]
+        check_lse(lse, ref_lse, slack[~torch.isinf(ref_lse)])
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "head", "block"])
+def test_quantize_fp8_rounds_within_e4m3(gpu, granularity):
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, s, h, 128, device=gpu, dtype=BF16) * 3 for s, h in ((333, 8), (250, 2), (250, 2)))
+    outs = flash3.quantize_fp8(q, k, v, granularity=granularity)
+    block_q, block_kv = _abi.FP8_BLOCK_SIZES[128]
+    for x, x8, scale, block in zip((q, k, v), outs[:3], outs[3:], (block_q, block_kv, block_kv)):
+        deq, ones = dequantize(x8, scale, block), dequantize(torch.ones_like(x8), scale, block)
+        # e4m3: 3 mantissa bits (half an ulp is 2^-4 relative), subnormals below 2^-6 (ulp 2^-9).
+        assert bool(((deq - x.double()).abs() <= x.double().abs() * 2 ** -4 + ones * 2 ** -10).all())
+        assert bool((scale > 0).all()) and bool(torch.isfinite(scale).all())
+
+
+def test_fa3_descale_shapes(gpu):
+    torch.manual_seed(6)
+    b, hq, hkv = 2, 8, 2
+    q, k, v = (torch.randn(b, 200, h, 128, device=gpu, dtype=BF16) for h in (hq, hkv, hkv))
+    q8, k8, v8, qs, ks, vs = flash3.quantize_fp8(q, k, v, granularity="tensor")
+    per_tensor = flash3.flash_attn_func(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs)
+    # FlashAttention-3 takes (batch, heads_kv) descales, Q's shared by each group of query heads.
+    fa3 = flash3.flash_attn_func(q8, k8, v8, q_descale=qs.expand(b, hkv), k_descale=ks.expand(b, hkv),
+                                 v_descale=vs.expand(b, hkv))
+    torch.testing.assert_close(fa3, per_tensor, rtol=1e-2, atol=1e-3)
+    ones = flash3.flash_attn_func(q8, k8, v8)  # absent descales are 1, as in FlashAttention-3
+    unit = torch.ones(1, device=gpu)
+    assert torch.equal(ones, flash3.flash_attn_func(q8, k8, v8, q_descale=unit, k_descale=unit, v_descale=unit))
+
+
+# ---- layouts, copies and paths --------------------------------------------------
+
+
+def test_strided_head_dim_is_copied(gpu):
+    torch.manual_seed(7)
+    q = torch.randn(2, 100, 128, 4, device=gpu, dtype=BF16).transpose(2, 3)  # head dim of stride 4
+    k = torch.randn(2, 90, 4, 128, device=gpu, dtype=BF16)
+    assert q.stride(-1) != 1
+    assert torch.equal(flash3.flash_attn_func(q, k, k), flash3.flash_attn_func(q.contiguous(), k, k))
+
+
+def test_broadcast_gradient_is_read(gpu):
+    # out.sum() hands the backward a dO of all-zero strides, which TMA cannot read: copied.
+    torch.manual_seed(8)
+    q, k, v = (torch.randn(2, 130, h, 64, device=gpu, dtype=FP16, requires_grad=True) for h in (4, 2, 2))
+    out = flash3.flash_attn_func(q, k, v, causal=True, deterministic=True)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    out = flash3.flash_attn_func(q, k, v, causal=True, deterministic=True)
+    expected = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert all(torch.equal(g, e) for g, e in zip(grads, expected))
+
+
+def test_operator_and_eager_path_agree(gpu):
+    torch.manual_seed(9)
+    q, k, v = (torch.randn(1, 513, h, 96, device=gpu, dtype=BF16, requires_grad=True) for h in (6, 3, 3))
+    out, lse = flash3.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, deterministic=True)
+    op_out, op_lse = torch.ops.flash3.fwd(q, k, v, None, None, None, 96 ** -0.5, True, True, BF16)
+    assert torch.equal(out, op_out) and torch.equal(lse, op_lse)
+    dout = torch.randn_like(out)
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(out, (q, k, v), dout),
+                                                 torch.autograd.grad(op_out, (q, k, v), dout)))
+
+
+def test_misaligned_stride_is_a_value_error_naming_it(gpu):
+    q = torch.randn(1, 64, 2, 129, device=gpu, dtype=BF16)[..., :128]  # head stride 129 elements: not 16 bytes
+    with pytest.raises(ValueError, match=r"flash3 forward: q\."):
+        flash3.flash_attn_func(q, q, q)
+
+
+def test_empty_sizes(gpu):
+    q = torch.randn(0, 10, 2, 64, device=gpu, dtype=BF16)
+    assert flash3.flash_attn_func(q, q, q).shape == q.shape
+    q = torch.randn(1, 10, 2, 64, device=gpu, dtype=BF16, requires_grad=True)
+    k = torch.randn(1, 0, 2, 64, device=gpu, dtype=BF16, requires_grad=True)
+    out, lse = flash3.flash_attn_func(q, k, k, return_attn_probs=True)
+    assert bool((out == 0).all()) and bool(torch.isposinf(lse).all())  # no key: zeros and +inf
+    dq, dk = torch.autograd.grad(out, (q, k), torch.randn_like(out))
+    assert bool((dq == 0).all()) and dk.shape == k.shape
+
+
+def test_side_stream(gpu):
+    torch.manual_seed(10)
+    q = torch.randn(2, 300, 4, 128, device=gpu, dtype=BF16)
+    expected = flash3.flash_attn_func(q, q, q, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = flash3.flash_attn_func(q, q, q, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(out, expected)
+
+
+def test_each_gpu_of_the_process(gpu):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    torch.manual_seed(11)
+    q = torch.randn(2, 300, 4, 128, dtype=BF16, requires_grad=True)
+    results = []
+    for index in range(torch.cuda.device_count()):
+        x = q.detach().to(f"cuda:{index}").requires_grad_()
+        torch.cuda.set_device(0)  # a device other than the tensors' is current: the call switches to theirs
+        out = flash3.flash_attn_func(x, x, x, causal=True, deterministic=True)
+        (dx,) = torch.autograd.grad(out, x, torch.ones_like(out))
+        assert torch.cuda.current_device() == 0 and out.device == x.device
+        results.append((out.cpu(), dx.cpu()))
+    assert all(torch.equal(r[0], results[0][0]) and torch.equal(r[1], results[0][1]) for r in results)
+
+
+# ---- determinism, graphs, compile, memory ------------------------------------------
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_deterministic_backward_is_bitwise_reproducible(gpu, head_dim, causal):
+    torch.manual_seed(12)
+    q, k, v = (torch.randn(2, 1000, h, head_dim, device=gpu, dtype=BF16, requires_grad=True) for h in (8, 2, 2))
+    dout = torch.randn(2, 1000, 8, head_dim, device=gpu, dtype=BF16)
+    runs = []
+    for _ in range(3):
+        out = flash3.flash_attn_func(q, k, v, causal=causal, deterministic=True)
+        runs.append(torch.autograd.grad(out, (q, k, v), dout))
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(run, runs[0]))
+
+
+def test_cuda_graph_capture_and_replay(gpu):
+    # Enough tiles that the persistent forward claims them from its counter.
+    torch.manual_seed(13)
+    q, k, v = (torch.randn(4, 2048, h, 128, device=gpu, dtype=BF16, requires_grad=True) for h in (16, 4, 4))
+    dout = torch.randn(4, 2048, 16, 128, device=gpu, dtype=BF16)
+    inputs = [t.detach().clone() for t in (q, k, v)]
+    x = torch.randn(2, 500, 8, 64, device=gpu, dtype=BF16)
+
+    def step():
+        out = flash3.flash_attn_func(q, k, v, causal=True, deterministic=True)
+        q8, k8, v8, qs, ks, vs = flash3.quantize_fp8(x, x[:, :, :2], x[:, :, :2], granularity="block")
+        fp8 = flash3.flash_attn_func(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs)
+        return (out, fp8, *torch.autograd.grad(out, (q, k, v), dout))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    for trial in range(3):
+        with torch.no_grad():
+            for t, base in zip((q, k, v), inputs):
+                t.copy_(base * (trial + 1))
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        expected = step()
+        for name, got, want in zip(("out", "fp8", "dq", "dk", "dv"), static, expected):
+            assert torch.equal(got, want), f"replay {trial}: {name} differs from an eager call"
+
+
+def _block(seed):
+    torch.manual_seed(seed)
+    return Block(dim=512, heads=8, heads_kv=2).to(device="cuda", dtype=BF16)
+
+
+def test_compile_fullgraph_transformer_block(gpu):
+    torch._dynamo.reset()
+    block = _block(14)
+    x = torch.randn(2, 257, 512, device=gpu, dtype=BF16, requires_grad=True)
+    compiled = torch.compile(block, fullgraph=True)
+    y, y_eager = compiled(x), block(x)
+    torch.testing.assert_close(y, y_eager, rtol=2e-2, atol=2e-2)
+    dy = torch.randn_like(y)
+    g, g_eager = torch.autograd.grad(y, x, dy)[0], torch.autograd.grad(y_eager, x, dy)[0]
+    torch.testing.assert_close(g, g_eager, rtol=5e-2, atol=5e-2)
+
+
+def test_compile_reduce_overhead_captures_graphs(gpu):
+    torch._dynamo.reset()
+    block = _block(15)
+    compiled = torch.compile(block, fullgraph=True, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(2, 257, 512, device=gpu, dtype=BF16)
+            torch.testing.assert_close(compiled(x).clone(), block(x), rtol=2e-2, atol=2e-2)
+
+
+def _op_cases(device):
+    torch.manual_seed(16)
+    q, k, v = (torch.randn(2, s, h, 128, device=device, dtype=BF16, requires_grad=True)
+               for s, h in ((129, 4), (200, 2), (200, 2)))
+    d = [t.detach() for t in (q, k, v)]
+    out, lse = torch.ops.flash3.fwd(*d, None, None, None, 128 ** -0.5, True, True, BF16)
+    q8, k8, v8, qs, ks, vs = torch.ops.flash3.quantize_fp8(*d, _abi.PER_BLOCK, False, 0)
+    return [
+        ("fwd", torch.ops.flash3.fwd.default, (q, k, v, None, None, None, 128 ** -0.5, True, True, BF16)),
+        ("fwd fp8", torch.ops.flash3.fwd.default, (q8, k8, v8, qs, ks, vs, 128 ** -0.5, False, False, FP16)),
+        ("bwd", torch.ops.flash3.bwd.default, (torch.randn_like(out), *d, out, lse, 128 ** -0.5, True, True)),
+        ("quantize", torch.ops.flash3.quantize_fp8.default, (*d, _abi.PER_HEAD, True, 3)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(4), ids=["fwd", "fwd-fp8", "bwd", "quantize"])
+def test_opcheck(gpu, index):
+    _, op, args = _op_cases(gpu)[index]
+    torch.library.opcheck(op, args)
+
+
+def test_no_memory_growth_over_1000_calls(gpu):
+    torch.manual_seed(17)
+    q, k, v = (torch.randn(2, 300, h, 64, device=gpu, dtype=BF16, requires_grad=True) for h in (4, 2, 2))
+    dout = torch.randn(2, 300, 4, 64, device=gpu, dtype=BF16)
+
+    def step():
+        out = flash3.flash_attn_func(q, k, v, causal=True)
+        torch.autograd.grad(out, (q, k, v), dout)
+        q8, k8, v8, qs, ks, vs = flash3.quantize_fp8(q, k, v)
+        flash3.flash_attn_func(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs)
+
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    allocated, counters = torch.cuda.memory_allocated(), len(_ops._tile_counters)
+    for _ in range(1000):
+        step()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == allocated
+    assert len(_ops._tile_counters) == counters

@@ -1,0 +1,270 @@
+"""flash3's Python API on the CPU, without the library or a GPU: argument
+errors (raised in Python, before any library call), the outputs' shapes,
+dtypes and strides from the fake implementations (meta and fake CUDA
+tensors), FP8 descale layouts, torch.library.opcheck on meta tensors, and
+torch.compile / make_fx tracing with no graph break."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (flash3's Python package needs it)")
+
+import flash3  # noqa: E402
+from flash3 import _abi, _ops, interface  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from transformer_block import Block  # noqa: E402
+
+BF16, FP16, E4M3 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
+
+
+def meta(*shape, dtype=BF16, requires_grad=False):
+    return torch.empty(*shape, dtype=dtype, device="meta", requires_grad=requires_grad)
+
+
+def qkv(b=2, sq=100, sk=70, hq=8, hkv=2, d=128, dtype=BF16, requires_grad=False):
+    return (meta(b, sq, hq, d, dtype=dtype, requires_grad=requires_grad),
+            meta(b, sk, hkv, d, dtype=dtype, requires_grad=requires_grad),
+            meta(b, sk, hkv, d, dtype=dtype, requires_grad=requires_grad))
+
+
+# ---- argument errors --------------------------------------------------------
+
+
+def _bad_calls():
+    q, k, v = qkv()
+    q8, k8, v8 = qkv(dtype=E4M3)
+    f = flash3.flash_attn_func
+    one = torch.ones(1, device="meta")
+    return [
+        # (id, call, exception, text the message contains)
+        ("cpu", lambda: f(torch.empty(2, 100, 8, 128, dtype=BF16), k, v), ValueError, "q: must be a CUDA tensor"),
+        ("float32", lambda: f(meta(2, 100, 8, 128, dtype=torch.float32), meta(2, 70, 2, 128, dtype=torch.float32),
+                              meta(2, 70, 2, 128, dtype=torch.float32)), ValueError, "q: dtype torch.float32"),
+        ("not a tensor", lambda: f(3, k, v), ValueError, "q: must be a torch.Tensor"),
+        ("3 dims", lambda: f(meta(100, 8, 128), k, v), ValueError, "q: must have 4 dims"),
+        ("k device", lambda: f(q, torch.empty(2, 70, 2, 128, dtype=BF16), v), ValueError, "k: must be on q's device"),
+        ("k dtype", lambda: f(q, meta(2, 70, 2, 128, dtype=FP16), v), ValueError, "k: dtype must be q's"),
+        ("k batch", lambda: f(q, meta(3, 70, 2, 128), meta(3, 70, 2, 128)), ValueError, "k: batch must be q's"),
+        ("k head dim", lambda: f(q, meta(2, 70, 2, 64), meta(2, 70, 2, 64)), ValueError, "k: head_dim must be q's"),
+        ("v shape", lambda: f(q, k, meta(2, 71, 2, 128)), ValueError, "v: shape must be k's"),
+        ("head dim", lambda: f(*qkv(d=80)), ValueError, "q: head_dim 80 is not supported"),
+        ("fp8 head dim", lambda: f(*qkv(d=96, dtype=E4M3)), ValueError, "q: head_dim 96 is not supported with FP8"),
+        ("gqa", lambda: f(*qkv(hq=8, hkv=3)), ValueError, "k: its heads (3) must divide q's (8)"),
+        ("scale negative", lambda: f(q, k, v, softmax_scale=-1.0), ValueError, "softmax_scale"),
+        ("scale zero", lambda: f(q, k, v, softmax_scale=0.0), ValueError, "softmax_scale"),
+        ("scale nan", lambda: f(q, k, v, softmax_scale=float("nan")), ValueError, "softmax_scale"),
+        ("scale str", lambda: f(q, k, v, softmax_scale="0.1"), ValueError, "softmax_scale"),
+        ("descale on bf16", lambda: f(q, k, v, q_descale=one), ValueError, "q_descale: descales are for"),
+        ("out_dtype bf16", lambda: f(q, k, v, out_dtype=FP16), ValueError, "out_dtype"),
+        ("out_dtype fp8", lambda: f(q8, k8, v8, out_dtype=torch.float32), ValueError, "out_dtype"),
+        ("descale dtype", lambda: f(q8, k8, v8, k_descale=torch.ones(1, device="meta", dtype=torch.float64)),
+         ValueError, "k_descale: must be float32"),
+        ("descale device", lambda: f(q8, k8, v8, v_descale=torch.ones(1)), ValueError, "v_descale: must be on q's"),
+        ("descale shape", lambda: f(q8, k8, v8, v_descale=torch.ones(2, 8, device="meta")), ValueError,
+         "v_descale: shape (2, 8) is none of the descale layouts"),
+        ("descale blocks", lambda: f(q8, k8, v8, q_descale=torch.ones(2, 8, 7, device="meta")), ValueError,
+         "q_descale: shape (2, 8, 7)"),
+        ("descale type", lambda: f(q8, k8, v8, q_descale=1.0), ValueError, "q_descale: must be a torch.Tensor"),
+        ("fp8 grad", lambda: f(*qkv(dtype=E4M3, requires_grad=True)), NotImplementedError, "q: FP8"),
+        ("qv", lambda: f(q, k, v, qv=q), NotImplementedError, "qv"),
+        ("window_size", lambda: f(q, k, v, window_size=(128, 0)), NotImplementedError, "window_size"),
+        ("attention_chunk", lambda: f(q, k, v, attention_chunk=64), NotImplementedError, "attention_chunk"),
+        ("softcap", lambda: f(q, k, v, softcap=30.0), NotImplementedError, "softcap"),
+        ("num_splits", lambda: f(q, k, v, num_splits=0), NotImplementedError, "num_splits"),
+        ("pack_gqa", lambda: f(q, k, v, pack_gqa=True), NotImplementedError, "pack_gqa"),
+        ("sm_margin", lambda: f(q, k, v, sm_margin=8), NotImplementedError, "sm_margin"),
+        ("packed dims", lambda: flash3.flash_attn_qkvpacked_func(meta(2, 100, 128)), ValueError, "qkv: must have"),
+        ("packed 3", lambda: flash3.flash_attn_qkvpacked_func(meta(2, 100, 4, 8, 128)), ValueError,
+         "qkv: a 5-dim qkv is [batch, seqlen, 3, heads, head_dim]"),
+        ("packed heads", lambda: flash3.flash_attn_qkvpacked_func(meta(2, 100, 3, 8, 128), num_heads_q=4),
+         ValueError, "num_heads_q: a 5-dim qkv has 8 heads"),
+        ("packed no heads", lambda: flash3.flash_attn_qkvpacked_func(meta(2, 100, 12, 128)), ValueError,
+         "num_heads_q: needed"),
+        ("packed odd", lambda: flash3.flash_attn_qkvpacked_func(meta(2, 100, 11, 128), num_heads_q=8), ValueError,
+         "num_heads_q: qkv's 11 heads"),
+        ("packed softcap", lambda: flash3.flash_attn_qkvpacked_func(meta(2, 100, 3, 8, 128), softcap=1.0),
+         NotImplementedError, "softcap"),
+        ("packed not tensor", lambda: flash3.flash_attn_qkvpacked_func(None), ValueError, "qkv: must be a"),
+        ("quantize dtype", lambda: flash3.quantize_fp8(q8, k8, v8), ValueError, "q: dtype torch.float8_e4m3fn"),
+        ("quantize head dim", lambda: flash3.quantize_fp8(*qkv(d=96)), ValueError, "q: head_dim 96"),
+        ("quantize granularity", lambda: flash3.quantize_fp8(q, k, v, granularity="row"), ValueError,
+         "granularity: must be one of"),
+        ("quantize hadamard", lambda: flash3.quantize_fp8(q, k, v, hadamard=1), ValueError, "hadamard"),
+        ("quantize seed", lambda: flash3.quantize_fp8(q, k, v, seed=-1), ValueError, "seed"),
+        ("quantize seed big", lambda: flash3.quantize_fp8(q, k, v, seed=2 ** 63), ValueError, "seed"),
+        ("quantize cpu", lambda: flash3.quantize_fp8(*(torch.empty(t.shape, dtype=BF16) for t in (q, k, v))),
+         ValueError, "q: must be a CUDA tensor"),
+    ]
+
+
+_BAD = _bad_calls()
+
+
+@pytest.mark.parametrize("call,exception,text", [c[1:] for c in _BAD], ids=[c[0] for c in _BAD])
+def test_bad_argument_is_named(call, exception, text, monkeypatch):
+    # The checks run in Python before the library: a load here would fail the test.
+    monkeypatch.setattr(_abi, "load", lambda: pytest.fail("the library was asked for"))
+    with pytest.raises(exception) as info:
+        call()
+    assert text in str(info.value)
+
+
+def test_default_fa3_arguments_are_accepted():
+    q, k, v = qkv()
+    out = flash3.flash_attn_func(q, k, v, None, False, None, None, None, None, [-1, -1], 0, 0.0, 1, None, False, 0,
+                                 False)
+    assert out.shape == q.shape
+
+
+# ---- outputs of the fake implementations ------------------------------------
+
+
+@pytest.mark.parametrize("d", interface.HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_forward_backward_shapes_on_meta(d, dtype):
+    q, k, v = qkv(b=3, sq=77, sk=131, hq=6, hkv=2, d=d, dtype=dtype, requires_grad=True)
+    out, lse = flash3.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert (out.shape, out.dtype, out.stride()) == (q.shape, dtype, (77 * 6 * d, 6 * d, d, 1))
+    assert (lse.shape, lse.dtype, lse.stride()) == ((3, 6, 77), torch.float32, (6 * 77, 77, 1))
+    assert out.requires_grad and not lse.requires_grad  # no gradient flows through the LSE
+    out.sum().backward()
+    for t in (q, k, v):
+        assert (t.grad.shape, t.grad.dtype, t.grad.stride()) == (t.shape, dtype, t.contiguous().stride())
+
+
+def test_strided_inputs_give_contiguous_outputs_on_meta():
+    base = meta(2, 8, 100, 64, requires_grad=True)  # [batch, heads, seqlen, head_dim], as SDPA takes it
+    q = k = v = base.transpose(1, 2)
+    out = flash3.flash_attn_func(q, k, v)
+    assert out.shape == (2, 100, 8, 64) and out.is_contiguous()
+    out.sum().backward()
+    assert base.grad.shape == base.shape
+
+
+@pytest.mark.parametrize("layout", ["5-dim", "4-dim"])
+def test_qkvpacked_shapes_on_meta(layout):
+    if layout == "5-dim":
+        qkv_ = meta(2, 50, 3, 4, 128, requires_grad=True)
+        out = flash3.flash_attn_qkvpacked_func(qkv_, causal=True)
+        assert out.shape == (2, 50, 4, 128)
+    else:
+        qkv_ = meta(2, 50, 8 + 2 * 2, 128, requires_grad=True)
+        out, lse = flash3.flash_attn_qkvpacked_func(qkv_, num_heads_q=8, return_attn_probs=True)
+        assert out.shape == (2, 50, 8, 128) and lse.shape == (2, 8, 50)
+    out.sum().backward()
+    assert qkv_.grad.shape == qkv_.shape
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "head", "block"])
+@pytest.mark.parametrize("d", interface.FP8_HEAD_DIMS)
+def test_quantize_then_fp8_attention_on_meta(granularity, d):
+    q, k, v = qkv(b=2, sq=300, sk=1000, hq=8, hkv=2, d=d, requires_grad=True)
+    q8, k8, v8, qs, ks, vs = flash3.quantize_fp8(q, k, v, granularity=granularity, hadamard=True, seed=5)
+    assert all(t.dtype == E4M3 and not t.requires_grad for t in (q8, k8, v8))
+    assert (q8.shape, k8.shape, v8.shape) == (q.shape, k.shape, v.shape)
+    block_q, block_kv = _abi.FP8_BLOCK_SIZES[d]
+    expected = {"tensor": [(1,), (1,)], "head": [(2, 8), (2, 2)],
+                "block": [(2, 8, -(-300 // block_q)), (2, 2, -(-1000 // block_kv))]}[granularity]
+    assert (qs.shape, ks.shape, vs.shape) == (expected[0], expected[1], expected[1])
+    assert all(s.dtype == torch.float32 for s in (qs, ks, vs))
+    out = flash3.flash_attn_func(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs)
+    assert (out.shape, out.dtype) == (q.shape, BF16)
+    out = flash3.flash_attn_func(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs, out_dtype=FP16)
+    assert out.dtype == FP16
+
+
+def test_fake_cuda_tensors_take_the_operator():
+    with FakeTensorMode():
+        q = torch.empty(2, 100, 8, 128, device="cuda", dtype=BF16)
+        k = torch.empty(2, 70, 2, 128, device="cuda", dtype=BF16)
+        assert not _ops._eager(q, k, k)
+        out, lse = flash3.flash_attn_func(q, k, k, causal=True, return_attn_probs=True)
+        assert (out.device.type, out.shape, lse.shape) == ("cuda", q.shape, (2, 8, 100))
+        outs = flash3.quantize_fp8(q, k, k, granularity="head")
+        assert [tuple(t.shape) for t in outs[3:]] == [(2, 8), (2, 2), (2, 2)]
+
+
+# ---- FP8 descale layouts (values, on CPU tensors) ----------------------------
+
+
+def test_fa3_descales_map_to_flash3_layouts():
+    b, hq, hkv = 2, 6, 2
+    q, k = torch.empty(b, 10, hq, 64), torch.empty(b, 700, hkv, 64)
+    q_fa3 = torch.arange(b * hkv, dtype=torch.float32).reshape(b, hkv) + 1  # FlashAttention-3: (batch, heads_kv)
+    kd = torch.full((b, hkv), 2.0)
+    qs, ks, vs = interface._fp8_scales(q, k, q_fa3, kd, None)
+    assert torch.equal(qs, q_fa3.repeat_interleave(hq // hkv, dim=1))  # each query head takes its group's
+    assert torch.equal(ks, kd) and torch.equal(vs, torch.ones(b, hkv)) and qs.is_contiguous()
+
+    per_block_k = torch.rand(b, hkv, -(-700 // _abi.FP8_BLOCK_SIZES[64][1]))
+    qs, ks, vs = interface._fp8_scales(q, k, torch.tensor([3.0]), per_block_k, torch.tensor(0.5))
+    assert qs.shape == (b, hq, 1) and torch.equal(qs, torch.full((b, hq, 1), 3.0))
+    assert torch.equal(ks, per_block_k) and torch.equal(vs, torch.full_like(per_block_k, 0.5))
+
+    qs, ks, vs = interface._fp8_scales(q, k, None, None, None)
+    assert all(torch.equal(s, torch.ones(1)) for s in (qs, ks, vs))
+
+    expanded = torch.tensor([4.0]).expand(b, hkv)  # a per-tensor scale in FlashAttention-3's shape
+    qs, ks, vs = interface._fp8_scales(q, k, expanded, expanded, expanded)
+    assert qs.shape == (b, hq) and bool((qs == 4).all()) and ks.is_contiguous()
+
+
+# ---- torch.library.opcheck, on meta tensors ---------------------------------
+
+
+def _op_cases():
+    q, k, v = qkv(b=2, sq=65, sk=130, hq=4, hkv=2, d=64, requires_grad=True)
+    q8, k8, v8 = (t.detach().to(E4M3) for t in (q, k, v))
+    scales = [meta(2, 4, 1, dtype=torch.float32), meta(2, 2, 2, dtype=torch.float32),
+              meta(2, 2, 2, dtype=torch.float32)]
+    lse = meta(2, 4, 65, dtype=torch.float32)
+    d = [t.detach() for t in (q, k, v)]
+    return [
+        ("fwd", torch.ops.flash3.fwd.default, (q, k, v, None, None, None, 0.125, True, False, BF16)),
+        ("fwd fp8", torch.ops.flash3.fwd.default, (q8, k8, v8, *scales, 0.125, False, False, FP16)),
+        ("bwd", torch.ops.flash3.bwd.default, (d[0], *d, d[0], lse, 0.125, True, True)),
+        ("quantize", torch.ops.flash3.quantize_fp8.default, (*d, _abi.PER_BLOCK, True, 1)),
+    ]
+
+
+@pytest.mark.parametrize("op,args", [c[1:] for c in _op_cases()], ids=[c[0] for c in _op_cases()])
+def test_opcheck_on_meta(op, args):
+    torch.library.opcheck(op, args)
+
+
+# ---- tracing ----------------------------------------------------------------
+
+
+def test_compile_fullgraph_on_meta():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    block = Block().to(device="meta", dtype=BF16)
+    x = meta(2, 33, 256, requires_grad=True)
+    y = torch.compile(block, backend=backend, fullgraph=True)(x)
+    y.sum().backward()
+    assert y.shape == x.shape and x.grad.shape == x.shape
+    assert len(graphs) == 1
+    assert any(n.target is torch.ops.flash3.fwd.default for n in graphs[0].graph.nodes)
+
+
+def test_compile_aot_eager_on_meta_with_backward():
+    torch._dynamo.reset()
+    block = Block().to(device="meta", dtype=BF16)
+    x = meta(2, 33, 256, requires_grad=True)
+    torch.compile(block, backend="aot_eager", fullgraph=True, dynamic=True)(x).sum().backward()
+    assert x.grad.shape == x.shape
+
+
+def test_make_fx_records_the_operators():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(q, k, v):
+        out = flash3.flash_attn_func(q, k, v, causal=True)
+        return torch.autograd.grad(out.sum(), (q, k, v))
+
+    gm = make_fx(step, tracing_mode="fake")(*qkv(requires_grad=True))
+    targets = {n.target for n in gm.graph.nodes}
+    assert torch.ops.flash3.fwd.default in targets and torch.ops.flash3.bwd.default in targets
