@@ -6,8 +6,8 @@
 # docs/performance.md from them). Binaries are built on the workstation and
 # carried in .device/ (scripts/stage_device.sh), or built here by the stage
 # `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
-#   scripts/device_run.sh [stage ...]   stages: build test sanitize bench bwd fp8 ablation compare ab
-#                                       (default: all but build and ab)
+#   scripts/device_run.sh [stage ...]   stages: build test python wheel sanitize bench bwd fp8 ablation
+#                                       compare ab (default: all but build, wheel and ab)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter). The stage `ab`
 # times the carried baseline .base/flash3-bench against this build in
 # AB_ROUNDS (3) interleaved rounds of the AB_SWEEPS (fwd bwd fp8).
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flash3-out}
 mkdir -p "$OUT"
 B=.device
-stages=${*:-test sanitize bench bwd fp8 ablation compare}
+stages=${*:-test python sanitize bench bwd fp8 ablation compare}
 export PYTHONUNBUFFERED=1
 summary=()
 has() { [[ " $stages " == *" $1 "* ]]; }
@@ -26,7 +26,7 @@ if has build; then
   start=$(date +%s)
   cmake -S . -B build-device -G Ninja -DFLASH3_CUTLASS_DIR="$PWD/.deps/cutlass" \
     -DGTest_DIR="$PWD/.deps/gtest/lib/x86_64-linux-gnu/cmake/GTest" >"$OUT/build.log" 2>&1 &&
-    ninja -C build-device flash3-bench test_gpu >>"$OUT/build.log" 2>&1
+    ninja -C build-device flash3-bench test_gpu flash3_c >>"$OUT/build.log" 2>&1
   rc=$?
   summary+=("build rc=$rc in $(($(date +%s) - start)) s")
   [ $rc = 0 ] || { grep -m5 -E "error|FAILED" "$OUT/build.log"; exit 1; }
@@ -43,6 +43,23 @@ if has test; then
   rc=$?
   summary+=("test_gpu rc=$rc: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_gpu.log" | tr '\n' ' ')")
   grep -E "FAILED|Failure|error" "$OUT/test_gpu.log" | head -20
+fi
+
+if has python; then
+  # The Python package from the tree, on the library the build stage made.
+  FLASH3_LIBRARY=$PWD/build-device/libflash3_c.so PYTHONPATH=$PWD/python timeout 400 \
+    python3 -m pytest -q -rs tests/python >"$OUT/pytest.log" 2>&1
+  summary+=("pytest tests/python rc=$?: $(tail -1 "$OUT/pytest.log")")
+fi
+
+if has wheel; then
+  # `pip install .` as a user runs it (offline: the carried CUTLASS headers,
+  # the machine's scikit-build-core), then the tests on the installed package.
+  FLASH3_CUTLASS_DIR=$PWD/.deps/cutlass timeout 500 python3 -m pip install --no-build-isolation --no-deps . \
+    >"$OUT/wheel.log" 2>&1
+  summary+=("pip install . rc=$?")
+  (cd /tmp && timeout 400 python3 -m pytest -q -rs "$OLDPWD/tests/python" >"$OUT/pytest_installed.log" 2>&1)
+  summary+=("pytest on the installed package rc=$?: $(tail -1 "$OUT/pytest_installed.log")")
 fi
 
 if has sanitize; then
