@@ -24,12 +24,16 @@ INITIAL_BOUND = 0.01
 # over 10 steps, over the last 50 steps. The runs see the same batches, so the
 # batch-to-batch noise of the loss cancels in the difference; what is left is
 # how far two kernels' roundings move the weights apart in 200 AdamW steps.
-# Measured on the CPU with a smaller model on the same data (2 layers, dim
-# 128, seqlen 128): attention outputs perturbed by 2^-8 relative noise every
-# call (bf16's rounding) moved the curve by 1e-4; an attention whose dK was
-# zero (so it could not learn where to look) by 0.31. The bound sits between,
-# a factor of 200 above the first for bf16 autocast and nondeterministic
-# backward passes.
+# Measured on the CPU with smaller models on this data (2 layers, seqlen 128,
+# a marker every 16 tokens), 200 steps:
+#   bf16 autocast, dim 64: SDPA's kernel against a plain bf16 attention (S and
+#     P rounded to bf16), two correct roundings as flash3's and FA2's are:
+#     6e-4;
+#   float32, dim 128: attention outputs perturbed by 2^-8 relative noise every
+#     call: 1e-4; an attention whose dK was zero (it could not learn where to
+#     look): 0.31.
+# The bound sits between: 30 times the bf16 difference (larger models,
+# nondeterministic backward passes), 15 times below the broken gradient.
 CURVE_BOUND = 0.02
 
 

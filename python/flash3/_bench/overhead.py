@@ -41,11 +41,12 @@ def host_times(torch, calls, timed, setup=lambda: None):
 
 
 def tiny_inputs(torch, method, requires_grad):
-    """q, k, v of the tiny shape, already in the method's layout: SDPA's time holds no transposes."""
+    """Contiguous q, k, v of the tiny shape in the method's own layout, as its callers hold them."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    size = (TINY["batch"], TINY["seqlen"], TINY["heads"], TINY["hdim"])
-    return method.to_layout(*(torch.randn(size, generator=gen, device="cuda", dtype=torch.bfloat16)
-                              .requires_grad_(requires_grad) for _ in range(3)))
+    b, s, h, d = TINY["batch"], TINY["seqlen"], TINY["heads"], TINY["hdim"]
+    size = (b, h, s, d) if method.layout == "bhsd" else (b, s, h, d)
+    return [torch.randn(size, generator=gen, device="cuda", dtype=torch.bfloat16).requires_grad_(requires_grad)
+            for _ in range(3)]
 
 
 def measure_method(torch, method, calls):
