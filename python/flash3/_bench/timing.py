@@ -1,0 +1,99 @@
+"""Times a callable on the GPU the same way for every method, as flash3-bench
+times flash3: before each sample a 256 MB write flushes the L2, CUDA events
+bracket the call, and the median of the samples is reported.
+
+The host never makes a sample wait for it: each sample is queued behind GPU
+work (the previous sample, the load, or a spin of HOLD_MS), so the events time
+the call on the GPU, not the host's submission of it.
+
+Regimes (the power-capped card's clock follows its recent load):
+  {"name": "gap", "gap_ms": G, "scope": "sample"}  the GPU idle G ms before every sample
+  {"name": "gap", "gap_ms": G, "scope": "shape"}   idle G ms, then the shape's samples back to back
+                                                   (flash3-bench --gap-ms G)
+  {"name": "sustained", "load_s": S}               each shape run back to back for S seconds
+                                                   (with the flushes), then its samples
+"""
+import collections
+import time
+
+FLUSH_BYTES = 256 << 20  # flash3-bench's: five times an H100's L2
+HOLD_MS = 2.0  # far above the host's time to queue one sample (flush, events, one call or autograd.grad)
+WARMUP_CALLS = 3
+LOAD_QUEUE_DEPTH = 8  # calls the host may run ahead of the GPU while loading it
+
+
+class Timer:
+    def __init__(self, torch, regime, reps, telemetry):
+        self.torch = torch
+        self.regime = regime
+        self.reps = reps
+        self.telemetry = telemetry
+        self.flush_buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self.hold_cycles = int(self._sleep_cycles_per_ms() * HOLD_MS)
+
+    def description(self):
+        return (f"CUDA events around each call, a {FLUSH_BYTES >> 20} MB write before each sample (L2 flush), "
+                f"median of {self.reps} samples after {WARMUP_CALLS} warm-up calls")
+
+    def _event(self):
+        return self.torch.cuda.Event(enable_timing=True)
+
+    def _sleep_cycles_per_ms(self):
+        # torch.cuda._sleep spins for a number of clock cycles: measure their rate instead of assuming a clock.
+        cycles = 1_000_000
+        start, end = self._event(), self._event()
+        start.record()
+        self.torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return cycles / start.elapsed_time(end)
+
+    def _hold(self):
+        self.torch.cuda._sleep(self.hold_cycles)
+
+    def _idle(self):
+        self.torch.cuda.synchronize()
+        time.sleep(self.regime["gap_ms"] / 1e3)
+
+    def _sample(self, fn):
+        start, end = self._event(), self._event()
+        self.flush_buffer.zero_()
+        start.record()
+        fn()
+        end.record()
+        return start, end
+
+    def _load(self, fn, seconds):
+        """Runs fn (each call after a flush, as the samples) back to back for at least `seconds` of GPU time."""
+        deadline = time.perf_counter() + seconds
+        marks = collections.deque()
+        while time.perf_counter() < deadline:
+            self.flush_buffer.zero_()
+            fn()
+            mark = self.torch.cuda.Event()
+            mark.record()
+            marks.append(mark)
+            # Waiting only on a call LOAD_QUEUE_DEPTH back keeps the GPU's queue from ever running dry.
+            if len(marks) > LOAD_QUEUE_DEPTH:
+                marks.popleft().synchronize()
+
+    def measure(self, fn):
+        """The sample times of fn in ms, and the telemetry read while the last samples ran."""
+        for _ in range(WARMUP_CALLS):
+            fn()
+        if self.regime["name"] == "sustained":
+            self._load(fn, self.regime["load_s"])
+            events = [self._sample(fn) for _ in range(self.reps)]
+        elif self.regime["scope"] == "shape":
+            self._idle()
+            self._hold()
+            events = [self._sample(fn) for _ in range(self.reps)]
+        else:
+            events = []
+            for _ in range(self.reps):
+                self._idle()
+                self._hold()
+                events.append(self._sample(fn))
+        telemetry = self.telemetry.sample()
+        self.torch.cuda.synchronize()
+        return [start.elapsed_time(end) for start, end in events], telemetry

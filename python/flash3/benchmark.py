@@ -1,0 +1,212 @@
+"""flash3 beside its peers, every method timed the same way in one process.
+
+  python -m flash3.benchmark                       the paper's sweep, fwd, bwd and fwd+bwd, idle gap before every sample
+  python -m flash3.benchmark --sustained           the same under continuous load (at least 2 s per shape)
+  python -m flash3.benchmark --overhead            host time per call, flash3 against SDPA (tiny shape)
+  python -m flash3.benchmark --from-json a.json    the table, CSV and plot again from saved runs (no GPU)
+
+Methods: flash3, SDPA's FlashAttention-2 and cuDNN backends, and
+flash_attn_interface (FA3) and flash_attn (FA2) where importable. Timing
+(flash3-bench's): an L2 flush before each sample, CUDA events around each
+call, the median. Each method is checked against a float32 reference on
+every shape before it is timed. A peer without a kernel for a shape is n/a.
+
+The H100s run power-capped (700 W): after idle gaps they read several percent
+faster than under continuous load, so the regime is part of every result, in
+the JSON, the CSV, the table and the plot; runs of two regimes are never
+merged. The C++ flash3-bench remains the main benchmark.
+
+Exit status: 0 ok, 1 a check failed (or flash3's host overhead exceeds
+SDPA's), 2 no GPU or no torch.
+"""
+import argparse
+import datetime
+import json
+import sys
+
+from ._bench import overhead, sweep
+from ._bench.device_info import Telemetry
+from ._bench.methods import CHECK_HEADS, check, failure_reason, load_methods, make_inputs, recording_warnings, workload
+from ._bench.plot import write_plot
+from ._bench.timing import Timer
+
+
+def int_list(text):
+    return [int(x) for x in text.split(",")]
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m flash3.benchmark", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--pass", dest="passes", choices=sweep.PASSES + ("all",), default="all")
+    p.add_argument("--hdim", type=int_list, default=[64, 128, 256], help="head dims (default 64,128,256)")
+    p.add_argument("--seqlen", type=int_list, default=[512, 1024, 2048, 4096, 8192, 16384],
+                   help="sequence lengths (default 512 ... 16384)")
+    p.add_argument("--causal", choices=("0", "1", "both"), default="both")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen (the paper's 16k)")
+    p.add_argument("--hidden", type=int, default=2048, help="heads = hidden / hdim (the paper's 2048)")
+    p.add_argument("--methods", type=lambda s: s.split(","), default=list(sweep.METHODS),
+                   help=f"comma-separated, from {','.join(sweep.METHODS)} (default: all; peers that do not "
+                        "import are left out, saying why)")
+    p.add_argument("--reps", type=int, default=10, help="timed samples per shape and method (median reported)")
+    p.add_argument("--gap-ms", type=float, default=100.0, help="idle-gap regime: the GPU idle this long ...")
+    p.add_argument("--gap-scope", choices=("sample", "shape"), default="sample",
+                   help="... before every sample (default), or before each shape's samples (flash3-bench --gap-ms)")
+    p.add_argument("--sustained", action="store_true", help="the continuous-load regime instead of idle gaps")
+    p.add_argument("--load-s", type=float, default=2.0, help="--sustained: seconds of load before each shape's samples")
+    p.add_argument("--no-check", dest="check", action="store_false", help="skip the reference checks")
+    p.add_argument("--overhead", action="store_true", help="host time per call instead of the sweep")
+    p.add_argument("--calls", type=int, default=10000, help="--overhead: calls per method and mode")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--csv", help="write the results here, one line per shape and method")
+    p.add_argument("--plot", help="write a PNG here (paper Figure 5's layout; needs matplotlib)")
+    p.add_argument("--from-json", nargs="+", metavar="FILE",
+                   help="no measuring: print (and write) the results of saved runs of one regime")
+    args = p.parse_args(argv)
+    unknown = [m for m in args.methods if m not in sweep.METHODS]
+    if unknown:
+        p.error(f"--methods: unknown {','.join(unknown)}; known: {','.join(sweep.METHODS)}")
+    return args
+
+
+def regime_of(args):
+    if args.sustained:
+        return {"name": "sustained", "load_s": args.load_s}
+    return {"name": "gap", "gap_ms": args.gap_ms, "scope": args.gap_scope}
+
+
+def report(meta, results, args):
+    print(sweep.format_header(meta))
+    for name, why in meta.get("not_run", {}).items():
+        print(f"not run: {sweep.METHODS[name]}: {why}")
+    print()
+    print(sweep.format_table(results))
+    notes = sweep.format_notes(results)
+    if notes:
+        print("\n" + "\n".join(notes))
+    if args.json:
+        sweep.write_json(args.json, meta, results)
+    if args.csv:
+        sweep.write_csv(args.csv, meta, results)
+    if args.plot:
+        why_not = write_plot(meta, results, sweep.METHODS, sweep.regime_label(meta["regime"]), args.plot)
+        print(f"\nplot: {why_not or args.plot}", file=sys.stderr if why_not else sys.stdout)
+
+
+def software(torch):
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+                "cudnn": torch.backends.cudnn.version()}
+    for module in ("flash3", "flash_attn_interface", "flash_attn"):
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            versions[module] = getattr(loaded, "__version__", "?")
+    return versions
+
+
+def describe_device(torch, telemetry):
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {"name": props.name, "sms": props.multi_processor_count, "uuid": str(props.uuid),
+            **telemetry.snapshot()}
+
+
+def measure_one(torch, timer, method, shape, inputs, check_first):
+    """The record of one method on one shape: checked, then timed."""
+    with recording_warnings() as caught, method.context():
+        try:
+            stats, failure = check(torch, method, shape, inputs) if check_first else ({}, None)
+            if failure:
+                return sweep.failed_result(shape, method.name, failure, stats)
+            samples, telemetry = timer.measure(workload(torch, method, shape, inputs))
+            return sweep.ok_result(shape, method.name, samples, stats, telemetry)
+        except Exception as e:  # no kernel for the shape, out of memory: the reason goes into the table's notes
+            reason = failure_reason(caught, e)
+            if method.name == "flash3":
+                return sweep.failed_result(shape, method.name, reason)
+            return sweep.na_result(shape, method.name, reason)
+
+
+def run_sweep(torch, args):
+    methods, missing = load_methods(torch, args.methods)
+    if not methods:
+        print(f"flash3.benchmark: none of the methods runs here: {missing}", file=sys.stderr)
+        return 1
+    telemetry = Telemetry(torch)
+    timer = Timer(torch, regime_of(args), args.reps, telemetry)
+    meta = {"tool": "python -m flash3.benchmark", "argv": sys.argv[1:],
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "regime": regime_of(args), "timer": timer.description(), "telemetry": telemetry.source,
+            "check": (f"against a float32 reference on batch 0, heads 0-{CHECK_HEADS - 1}, every shape: "
+                      "|x - ref| <= 2 |low - ref| + eps, low = the same reference in the inputs' precision")
+            if args.check else "none (--no-check)",
+            "device": describe_device(torch, telemetry), "software": software(torch),
+            "methods": {name: sweep.METHODS[name] for name in methods}, "not_run": missing}
+    passes = sweep.PASSES if args.passes == "all" else (args.passes,)
+    causal = {"0": (False,), "1": (True,), "both": (False, True)}[args.causal]
+    shapes = sweep.paper_sweep(passes, args.hdim, args.seqlen, causal, args.dtype, args.tokens, args.hidden)
+    results = []
+    for i, shape in enumerate(shapes):
+        print(f"[{i + 1}/{len(shapes)}] {sweep.shape_label(shape)}", file=sys.stderr)
+        inputs = make_inputs(torch, shape, seed=1000 + 17 * i)
+        # Who goes first changes from shape to shape, so that no method always follows the same one.
+        for method in sweep.rotated(list(methods.values()), i):
+            results.append(measure_one(torch, timer, method, shape, inputs, args.check))
+        del inputs
+        torch.cuda.empty_cache()
+    meta["device_end"] = telemetry.snapshot()
+    report(meta, results, args)
+    return 1 if any(r["status"] == "failed" for r in results) else 0
+
+
+def run_overhead(torch, args):
+    methods, missing = load_methods(torch, args.methods)
+    results = overhead.measure(torch, methods, args.calls)
+    verdicts = sweep.overhead_verdicts(results, overhead.VERDICT_MODES)
+    device = describe_device(torch, Telemetry(torch))
+    print(f"device: {device['name']}")
+    print(f"host time per call, microseconds, median (p10-p90) of {args.calls} calls; shape {overhead.TINY}")
+    for name, why in missing.items():
+        print(f"not run: {sweep.METHODS[name]}: {why}")
+    print()
+    print(sweep.format_overhead(results, overhead.MODES))
+    print()
+    for mode in overhead.VERDICT_MODES:
+        if mode not in verdicts:
+            print(f"{mode}: no verdict, flash3 and SDPA FlashAttention-2 do not both have a time")
+            continue
+        print(f"{mode}: flash3 {results['flash3'][mode]['median_us']:.1f} us, SDPA FlashAttention-2 "
+              f"{results['sdpa_flash'][mode]['median_us']:.1f} us: {'ok' if verdicts[mode] else 'flash3 SLOWER'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tool": "python -m flash3.benchmark --overhead", "device": device, "software": software(torch),
+                       "shape": overhead.TINY, "calls": args.calls, "overhead": results, "verdicts": verdicts,
+                       "not_run": missing}, f, indent=1)
+    ok = len(verdicts) == len(overhead.VERDICT_MODES) and all(verdicts.values())
+    return 0 if ok else 1
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.from_json:
+        try:
+            meta, results = sweep.merge_runs([sweep.read_json(path) for path in args.from_json])
+        except ValueError as e:
+            print(f"flash3.benchmark: {e}", file=sys.stderr)
+            return 1
+        report(meta, results, args)
+        return 0
+    try:
+        import torch
+    except ImportError as e:
+        print(f"flash3.benchmark: needs PyTorch ({e})", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("flash3.benchmark: no CUDA device; the benchmark needs a Hopper GPU (H100/H200). "
+              "--from-json prints saved results anywhere.", file=sys.stderr)
+        return 2
+    return run_overhead(torch, args) if args.overhead else run_sweep(torch, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

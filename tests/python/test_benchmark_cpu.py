@@ -1,0 +1,238 @@
+"""The parts of `python -m flash3.benchmark` that need no GPU: the sweep, FLOP
+counts, records, tables, JSON / CSV files, the plot, and the command line
+without a GPU.
+
+sweep.py and plot.py are loaded by their paths, and the command line runs with
+a bare `flash3` package object in front of python/flash3/: nothing here needs
+flash3's library or the package's __init__ (which loads it).
+"""
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "python" / "flash3"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"flash3_bench_{name}", PACKAGE / "_bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sweep = load("sweep")
+plot = load("plot")
+
+GAP = {"name": "gap", "gap_ms": 100.0, "scope": "sample"}
+SUSTAINED = {"name": "sustained", "load_s": 2.0}
+SHAPE = {"pass": "fwd", "dtype": "bf16", "hdim": 128, "causal": False, "batch": 1, "seqlen": 16384, "heads": 16}
+
+
+def shape(**changes):
+    return dict(SHAPE, **changes)
+
+
+def ms_at(tflops, s):
+    """The time at which shape s runs at the given TFLOP/s."""
+    return sweep.shape_flops(s) / (tflops * 1e12) * 1e3
+
+
+def run_cli(*args):
+    """python -m flash3.benchmark ARGS, with flash3 a bare package object (its __init__ not run)."""
+    code = ("import runpy, sys, types; pkg = types.ModuleType('flash3'); pkg.__path__ = [sys.argv[1]]; "
+            "sys.modules['flash3'] = pkg; sys.argv = ['flash3.benchmark'] + sys.argv[2:]; "
+            "runpy.run_module('flash3.benchmark', run_name='__main__', alter_sys=True)")
+    return subprocess.run([sys.executable, "-c", code, str(PACKAGE), *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+# ---- FLOPs and the sweep ------------------------------------------------------------------
+
+def test_flops_are_the_papers_count():
+    full = 4 * 16384 ** 2 * 128 * 16 * 1
+    assert sweep.attention_flops("fwd", 128, False, 1, 16384, 16) == full
+    assert sweep.attention_flops("fwd", 128, True, 1, 16384, 16) == full // 2
+    assert sweep.attention_flops("bwd", 128, False, 1, 16384, 16) == full * 5 // 2
+    assert sweep.attention_flops("fwd+bwd", 128, True, 1, 16384, 16) == full * 7 // 4
+    assert sweep.shape_flops(shape(**{"pass": "bwd", "causal": True})) == full * 5 // 4
+
+
+def test_paper_sweep_keeps_tokens_and_hidden_fixed():
+    shapes = sweep.paper_sweep()
+    assert len(shapes) == 3 * 2 * 6 * 3
+    assert all(s["batch"] * s["seqlen"] == 16384 and s["heads"] * s["hdim"] == 2048 for s in shapes)
+    # flash3-bench's order: head dim, mask, seqlen; a shape's passes together.
+    assert [(s["hdim"], s["causal"], s["seqlen"], s["pass"]) for s in shapes[:4]] == [
+        (64, False, 512, "fwd"), (64, False, 512, "bwd"), (64, False, 512, "fwd+bwd"), (64, False, 1024, "fwd")]
+    assert shapes[-1] == {"pass": "fwd+bwd", "dtype": "bf16", "hdim": 256, "causal": True, "batch": 1,
+                          "seqlen": 16384, "heads": 8}
+
+
+def test_sweep_options_and_floors():
+    shapes = sweep.paper_sweep(("bwd",), (64,), (32768,), (True,), "fp16", tokens=16384, hidden=32)
+    assert shapes == [{"pass": "bwd", "dtype": "fp16", "hdim": 64, "causal": True, "batch": 1, "seqlen": 32768,
+                       "heads": 1}]
+
+
+def test_rotated_changes_who_goes_first():
+    assert sweep.rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert sweep.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+
+
+# ---- records and tables ---------------------------------------------------------------------
+
+def test_ok_result_reports_the_median():
+    s = shape()
+    r = sweep.ok_result(s, "flash3", [ms_at(500, s), ms_at(400, s), ms_at(600, s)], {"max_err": 1e-3, "ref_err": 1e-3},
+                        {"sm_mhz": 1980.0, "power_w": 650.0})
+    assert r["status"] == "ok" and r["ms"] == ms_at(500, s)
+    assert r["tflops"] == pytest.approx(500)
+    assert r["samples_ms"] == [ms_at(500, s), ms_at(400, s), ms_at(600, s)]
+    assert r["sm_mhz"] == 1980.0 and r["max_err"] == 1e-3
+
+
+def sample_results():
+    a, b = shape(), shape(seqlen=512, batch=32)
+    return [
+        sweep.ok_result(a, "flash3", [ms_at(500, a)]),
+        sweep.ok_result(a, "sdpa_flash", [ms_at(400, a)]),
+        sweep.na_result(a, "sdpa_cudnn", "No available kernel"),
+        sweep.failed_result(b, "flash3", "O: max error 1.0e-01 above 2x the same-precision reference's 1.0e-03"),
+        sweep.ok_result(b, "sdpa_flash", [ms_at(250, b)]),
+        sweep.na_result(b, "sdpa_cudnn", "No available kernel"),
+    ]
+
+
+def test_table_has_tflops_and_speedups():
+    table = sweep.format_table(sample_results())
+    lines = table.splitlines()
+    assert lines[0] == ("| pass | dtype | hdim | causal | batch | seqlen | heads | flash3 | SDPA FlashAttention-2 "
+                        "| SDPA cuDNN | flash3 / SDPA FlashAttention-2 | flash3 / SDPA cuDNN |")
+    assert lines[2] == "| fwd | bf16 | 128 | no | 1 | 16384 | 16 | 500.0 | 400.0 | n/a | 1.25 | n/a |"
+    assert lines[3] == "| fwd | bf16 | 128 | no | 32 | 512 | 16 | FAIL | 250.0 | n/a | n/a | n/a |"
+
+
+def test_table_without_flash3_has_no_speedups():
+    results = [r for r in sample_results() if r["method"] != "flash3"]
+    assert "flash3 /" not in sweep.format_table(results)
+
+
+def test_notes_list_failures_and_count_na_reasons():
+    notes = sweep.format_notes(sample_results())
+    assert notes == [
+        "- flash3 FAIL, fwd bf16 hdim 128 seqlen 512 batch 32 heads 16: O: max error 1.0e-01 above 2x the "
+        "same-precision reference's 1.0e-03",
+        "- SDPA cuDNN n/a on 2 shape(s): No available kernel",
+    ]
+
+
+def test_regime_labels_and_header():
+    assert sweep.regime_label(GAP) == "idle gap: the GPU idle 100 ms before every sample"
+    assert "each shape's samples" in sweep.regime_label(dict(GAP, scope="shape"))
+    assert sweep.regime_label(SUSTAINED).startswith("sustained: each shape under continuous load for at least 2 s")
+    device = {"name": "NVIDIA H100 80GB HBM3", "sm_mhz": 1980.0, "power_limit_w": 700.0}
+    header = sweep.format_header({"regime": SUSTAINED, "timer": "CUDA events", "device": device})
+    assert header.splitlines()[0] == "device: NVIDIA H100 80GB HBM3 (sm_mhz 1980.0, power_limit_w 700.0)"
+    assert "regime: sustained" in header
+
+
+# ---- files ---------------------------------------------------------------------------------
+
+def test_json_round_trip(tmp_path):
+    meta = {"regime": GAP, "device": {"name": "GPU"}, "timer": "t"}
+    sweep.write_json(tmp_path / "r.json", meta, sample_results())
+    assert sweep.read_json(tmp_path / "r.json") == (meta, sample_results())
+
+
+def test_csv_round_trip_keeps_the_regime(tmp_path):
+    results = sample_results()
+    sweep.write_csv(tmp_path / "r.csv", {"regime": SUSTAINED}, results)
+    rows = sweep.read_csv(tmp_path / "r.csv")
+    assert len(rows) == len(results)
+    for row, r in zip(rows, results):
+        assert row["regime"] == sweep.regime_label(SUSTAINED)
+        assert {k: v for k, v in row.items() if k != "regime"} == {k: r[k] for k in sweep.CSV_FIELDS if k in r}
+
+
+def test_runs_of_one_regime_merge_and_of_two_never():
+    a = ({"regime": GAP, "device": {"name": "x"}}, sample_results()[:3])
+    b = ({"regime": dict(GAP), "device": {"name": "x"}}, sample_results()[3:])
+    meta, results = sweep.merge_runs([a, b])
+    assert meta["regime"] == GAP and results == sample_results()
+    with pytest.raises(ValueError, match="different regimes"):
+        sweep.merge_runs([a, ({"regime": SUSTAINED}, [])])
+    with pytest.raises(ValueError):
+        sweep.merge_runs([a, ({"regime": dict(GAP, gap_ms=300.0)}, [])])
+
+
+# ---- host overhead -----------------------------------------------------------------------------
+
+def test_overhead_verdict_and_table():
+    times = {"flash3": {"fwd": {"median_us": 9.0, "p10_us": 8.5, "p90_us": 10.0},
+                        "grad": {"median_us": 14.0, "p10_us": 13.0, "p90_us": 15.0}},
+             "sdpa_flash": {"fwd": {"median_us": 11.0, "p10_us": 10.0, "p90_us": 12.0},
+                            "grad": {"median_us": 13.0, "p10_us": 12.0, "p90_us": 14.0}},
+             "sdpa_cudnn": {"na": "No available kernel"}}
+    assert sweep.overhead_verdicts(times, ("fwd", "grad", "bwd")) == {"fwd": True, "grad": False}
+    table = sweep.format_overhead(times, ("fwd", "grad"))
+    assert "| flash3 | 9.0 (8.5-10.0) | 14.0 (13.0-15.0) |" in table
+    assert "| SDPA cuDNN | n/a | n/a |" in table
+    assert table.endswith("\n\n- SDPA cuDNN n/a: No available kernel")
+
+
+# ---- the plot ----------------------------------------------------------------------------------
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib")
+    results = [sweep.ok_result(shape(**{"pass": p, "causal": c, "hdim": d, "seqlen": n, "heads": 2048 // d,
+                                        "batch": 16384 // n}), m, [1.0])
+               for p in ("fwd", "bwd") for c in (False, True) for d in (64, 128) for n in (512, 16384)
+               for m in ("flash3", "sdpa_flash")]
+    results.append(sweep.na_result(shape(), "sdpa_cudnn", "no kernel"))
+    path = tmp_path / "fig.png"
+    assert plot.write_plot({"device": {"name": "GPU"}}, results, sweep.METHODS, "regime", path) is None
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_timed_results_says_why(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib")
+    why = plot.write_plot({}, [sweep.na_result(shape(), "fa2", "x")], sweep.METHODS, "regime", tmp_path / "f.png")
+    assert why == "no timed result to plot"
+
+
+# ---- the command line -------------------------------------------------------------------------
+
+def test_cli_renders_saved_runs(tmp_path):
+    sweep.write_json(tmp_path / "a.json", {"regime": GAP, "timer": "t", "device": {"name": "GPU"}}, sample_results())
+    out = run_cli("--from-json", str(tmp_path / "a.json"), "--csv", str(tmp_path / "a.csv"))
+    assert out.returncode == 0, out.stderr
+    assert "regime: idle gap: the GPU idle 100 ms before every sample" in out.stdout
+    assert "| fwd | bf16 | 128 | no | 1 | 16384 | 16 | 500.0 | 400.0 | n/a | 1.25 | n/a |" in out.stdout
+    assert len(sweep.read_csv(tmp_path / "a.csv")) == len(sample_results())
+
+
+def test_cli_refuses_to_merge_regimes(tmp_path):
+    sweep.write_json(tmp_path / "a.json", {"regime": GAP}, sample_results())
+    sweep.write_json(tmp_path / "b.json", {"regime": SUSTAINED}, sample_results())
+    out = run_cli("--from-json", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert out.returncode == 1
+    assert "runs of different regimes cannot be compared" in out.stderr
+
+
+def test_cli_rejects_unknown_methods():
+    out = run_cli("--methods", "flash3,xformers")
+    assert out.returncode == 2 and "unknown xformers" in out.stderr
+
+
+@pytest.mark.parametrize("mode", [[], ["--overhead"], ["--sustained", "--pass", "fwd"]])
+def test_cli_without_gpu_exits_2(mode):
+    torch = pytest.importorskip("torch", reason="the GPU check goes through torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    out = run_cli(*mode)
+    assert out.returncode == 2
+    assert "no CUDA device" in out.stderr and "Traceback" not in out.stderr
