@@ -13,32 +13,17 @@
 #include <string>
 
 #include "flash3/flash3.h"
+#include "valid_args.h"
 
 namespace {
+
+using flash3::testing::valid_forward_args;
 
 using flash3::BackwardArgs;
 using flash3::ForwardArgs;
 using flash3::QuantizeArgs;
 
 constexpr int kOk = 0, kInvalidArgument = 1, kUnsupported = 2;
-
-// A valid forward problem over fake, aligned addresses (validation only looks
-// at them).
-ForwardArgs forward_args() {
-  ForwardArgs a;
-  a.batch = 2;
-  a.seqlen_q = 100;
-  a.seqlen_k = 300;
-  a.heads_q = 8;
-  a.heads_kv = 2;
-  a.head_dim = 128;
-  auto fake = [](uintptr_t addr) { return reinterpret_cast<void*>(addr); };
-  a.q = flash3::contiguous<const void*>(fake(0x10000), a.seqlen_q, a.heads_q, a.head_dim);
-  a.k = flash3::contiguous<const void*>(fake(0x20000), a.seqlen_k, a.heads_kv, a.head_dim);
-  a.v = flash3::contiguous<const void*>(fake(0x30000), a.seqlen_k, a.heads_kv, a.head_dim);
-  a.o = flash3::contiguous<void*>(fake(0x40000), a.seqlen_q, a.heads_q, a.head_dim);
-  return a;
-}
 
 // The full message of a call that fails (a large buffer).
 std::string message_of(int (*validate)(const void*, char*, size_t), void const* args) {
@@ -50,7 +35,7 @@ std::string message_of(int (*validate)(const void*, char*, size_t), void const* 
 TEST(CApi, Version) { EXPECT_STREQ(flash3_version(), FLASH3_EXPECTED_VERSION); }
 
 TEST(CApi, ValidationErrorComesBackWithCodeAndMessage) {
-  ForwardArgs a = forward_args();
+  ForwardArgs a = valid_forward_args();
   char message[256] = "untouched";
   EXPECT_EQ(flash3_validate_forward(&a, message, sizeof message), kOk);
   EXPECT_STREQ(message, "untouched");  // written only on failure
@@ -64,7 +49,7 @@ TEST(CApi, ValidationErrorComesBackWithCodeAndMessage) {
 }
 
 TEST(CApi, UnsupportedOptions) {
-  ForwardArgs a = forward_args();
+  ForwardArgs a = valid_forward_args();
   a.head_dim = 64;
   a.q = flash3::contiguous<const void*>(a.q.data, a.seqlen_q, a.heads_q, 64);
   a.k = flash3::contiguous<const void*>(a.k.data, a.seqlen_k, a.heads_kv, 64);
@@ -77,7 +62,7 @@ TEST(CApi, UnsupportedOptions) {
 }
 
 TEST(CApi, MessageBuffers) {
-  ForwardArgs a = forward_args();
+  ForwardArgs a = valid_forward_args();
   a.head_dim = 100;
   std::string const full = message_of(flash3_validate_forward, &a);
   ASSERT_GT(full.size(), 8u);
@@ -124,7 +109,7 @@ TEST(CApi, EachPassValidates) {
 }
 
 TEST(CApi, EmptyProblemsSucceedWithoutADevice) {
-  ForwardArgs f = forward_args();
+  ForwardArgs f = valid_forward_args();
   f.batch = 0;
   EXPECT_EQ(flash3_forward(&f, nullptr, nullptr, 0), kOk);
   BackwardArgs b;

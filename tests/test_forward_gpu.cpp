@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -222,6 +223,31 @@ TEST(Forward, StridesBeyond2To31Elements) {
   }
 }
 
+// One forward call captured in a graph on a stream of its own, then two
+// replays, `o` (elems 16-bit values) poisoned before each; check(replay)
+// after each.
+void capture_and_replay(flash3::ForwardArgs const& a, uint16_t* o, size_t elems,
+                        std::function<void(int)> const& check) {
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  flash3::Status const s = flash3::forward(a, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(s.ok()) << s.message();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    CUDA_OK(cudaMemsetAsync(o, 0xff, elems * 2, stream));  // poison
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    check(replay);
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
 TEST(Forward, TileCounterInCapturedGraph) {
   SKIP_WITHOUT_CUDA_DEVICE();
   // A persistent launch with more tiles than SMs claims its tiles from a
@@ -256,26 +282,11 @@ TEST(Forward, TileCounterInCapturedGraph) {
     CUDA_OK(cudaMemcpy(again.data(), o.ptr, elems * 2, cudaMemcpyDeviceToHost));
     EXPECT_TRUE(again == direct) << "second direct call";
 
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     a.o = flash3::contiguous<void*>(o_graph.ptr, seqlen, heads, d);
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    s = flash3::forward(a, stream);
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    ASSERT_TRUE(s.ok()) << s.message();
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 2; ++replay) {
-      CUDA_OK(cudaMemsetAsync(o_graph.ptr, 0xff, elems * 2, stream));  // poison
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
+    capture_and_replay(a, o_graph.ptr, elems, [&](int replay) {
       CUDA_OK(cudaMemcpy(replayed.data(), o_graph.ptr, elems * 2, cudaMemcpyDeviceToHost));
       EXPECT_TRUE(replayed == direct) << "replay " << replay;
-    }
-    CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
-    CUDA_OK(cudaStreamDestroy(stream));
+    });
   }
 }
 
@@ -318,24 +329,8 @@ TEST(Forward, CallersTileCounter) {
   ASSERT_TRUE(flash3::forward(a, nullptr).ok());
   expect_result_and_zero("direct call");
 
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  s = flash3::forward(a, stream);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_TRUE(s.ok()) << s.message();
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 2; ++replay) {
-    CUDA_OK(cudaMemsetAsync(o.ptr, 0xff, elems * 2, stream));  // poison
-    CUDA_OK(cudaGraphLaunch(exec, stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
-    expect_result_and_zero(replay == 0 ? "replay 0" : "replay 1");
-  }
-  CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
-  CUDA_OK(cudaStreamDestroy(stream));
+  capture_and_replay(a, o.ptr, elems,
+                     [&](int replay) { expect_result_and_zero(replay == 0 ? "replay 0" : "replay 1"); });
 }
 
 TEST(TileCounter, OnePerStreamAndPerHostThread) {

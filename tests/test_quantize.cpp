@@ -17,8 +17,11 @@
 #include "flash3/flash3.h"
 #include "quant/hadamard.h"
 #include "quantize_reference.h"
+#include "valid_args.h"
 
 namespace {
+
+using flash3::testing::valid_quantize_args;
 
 using flash3::QuantizeArgs;
 using flash3::ScaleGranularity;
@@ -28,31 +31,9 @@ using flash3::reference::float_to_e4m3;
 
 // ---------------------------------------------------------------- validation
 
-// A valid problem over fake, suitably aligned addresses (never dereferenced).
-QuantizeArgs valid_args() {
-  QuantizeArgs a;
-  a.batch = 2;
-  a.seqlen_q = 100;
-  a.seqlen_k = 300;
-  a.heads_q = 8;
-  a.heads_kv = 2;
-  a.head_dim = 128;
-  auto fake = [](uintptr_t addr) { return reinterpret_cast<void*>(addr); };
-  a.q = flash3::contiguous<const void*>(fake(0x10000), a.seqlen_q, a.heads_q, a.head_dim);
-  a.k = flash3::contiguous<const void*>(fake(0x20000), a.seqlen_k, a.heads_kv, a.head_dim);
-  a.v = flash3::contiguous<const void*>(fake(0x30000), a.seqlen_k, a.heads_kv, a.head_dim);
-  a.q_out = flash3::contiguous<void*>(fake(0x40000), a.seqlen_q, a.heads_q, a.head_dim);
-  a.k_out = flash3::contiguous<void*>(fake(0x50000), a.seqlen_k, a.heads_kv, a.head_dim);
-  a.v_out = flash3::contiguous<void*>(fake(0x60000), a.seqlen_k, a.heads_kv, a.head_dim);
-  a.q_scale = reinterpret_cast<float*>(0x70000);
-  a.k_scale = reinterpret_cast<float*>(0x71000);
-  a.v_scale = reinterpret_cast<float*>(0x72000);
-  return a;
-}
-
 void expect_invalid(std::function<void(QuantizeArgs&)> const& edit, std::string const& name) {
-  Status const s = flash3::testing::expect_invalid_args(valid_args(), edit, name);
-  QuantizeArgs a = valid_args();
+  Status const s = flash3::testing::expect_invalid_args(valid_quantize_args(), edit, name);
+  QuantizeArgs a = valid_quantize_args();
   edit(a);
   // quantize_fp8 validates before anything else: the same answer, no launch
   // (these fake pointers would fault).
@@ -62,11 +43,11 @@ void expect_invalid(std::function<void(QuantizeArgs&)> const& edit, std::string 
 }
 
 TEST(QuantizeValidation, ValidArgumentsPass) {
-  EXPECT_TRUE(flash3::validate(valid_args()).ok());
+  EXPECT_TRUE(flash3::validate(valid_quantize_args()).ok());
   for (auto g : {ScaleGranularity::kPerTensor, ScaleGranularity::kPerHead, ScaleGranularity::kPerBlock}) {
     for (int d : {64, 128, 256}) {
       for (auto dt : {flash3::DType::kBF16, flash3::DType::kFP16}) {
-        QuantizeArgs a = valid_args();
+        QuantizeArgs a = valid_quantize_args();
         a.granularity = g;
         a.head_dim = d;
         a.dtype = dt;
@@ -136,7 +117,7 @@ TEST(QuantizeValidation, Pointers) {
   expect_invalid([&](QuantizeArgs& a) { a.k_scale = shift(a.k_scale, 1); }, "k_scale:");
   expect_invalid([&](QuantizeArgs& a) { a.v_scale = shift(a.v_scale, 3); }, "v_scale:");
   // Scales are float32: 4-byte alignment is enough.
-  QuantizeArgs a = valid_args();
+  QuantizeArgs a = valid_quantize_args();
   a.q_scale = shift(a.q_scale, 4);
   EXPECT_TRUE(flash3::validate(a).ok());
 }
@@ -162,13 +143,13 @@ TEST(QuantizeValidation, Strides) {
   expect_invalid([](QuantizeArgs& a) { a.k_out.head_stride = 64; }, "k_out.head_stride:");
   expect_invalid([](QuantizeArgs& a) { a.v_out.batch_stride = 100 * a.v_out.seq_stride; }, "v_out.batch_stride:");
   {
-    QuantizeArgs a = valid_args();
+    QuantizeArgs a = valid_quantize_args();
     a.q.seq_stride = a.k.head_stride = 8;
     EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
   }
   // A multiple of 8 elements is enough for a 2-byte input, not for a 1-byte output.
   {
-    QuantizeArgs a = valid_args();
+    QuantizeArgs a = valid_quantize_args();
     a.q.seq_stride = a.heads_q * a.head_dim + 8;
     EXPECT_TRUE(flash3::validate(a).ok());
   }
@@ -176,14 +157,14 @@ TEST(QuantizeValidation, Strides) {
   expect_invalid([](QuantizeArgs& a) { a.batch = 1 << 24, a.seqlen_q = 1, a.q.batch_stride = (int64_t(1) << 39) - 16; },
                  "q:");
   // Strides of modes of one index are never used.
-  QuantizeArgs a = valid_args();
+  QuantizeArgs a = valid_quantize_args();
   a.heads_q = a.heads_kv = 1;
   a.q.head_stride = a.k_out.head_stride = -3;
   a.batch = 1;
   a.v.batch_stride = 0;
   EXPECT_TRUE(flash3::validate(a).ok());
   // Packed QKV ([b, s, 3, h, d]) inputs are fine.
-  QuantizeArgs p = valid_args();
+  QuantizeArgs p = valid_quantize_args();
   p.seqlen_q = p.seqlen_k = 64;
   p.heads_q = p.heads_kv = 4;
   p.q = {reinterpret_cast<const void*>(0x10000), 64 * 3 * 4 * 128, 3 * 4 * 128, 128, 1};
@@ -196,21 +177,21 @@ TEST(QuantizeValidation, Strides) {
 }
 
 TEST(QuantizeValidation, EmptyProblemsAreValidNoOps) {
-  QuantizeArgs a = valid_args();
+  QuantizeArgs a = valid_quantize_args();
   a.batch = 0;
   a.q = {}, a.k = {}, a.v = {}, a.q_out = {}, a.k_out = {}, a.v_out = {};
   a.q_scale = a.k_scale = a.v_scale = nullptr;
   EXPECT_TRUE(flash3::validate(a).ok());
 
   // No queries: Q's pointers are not looked at, K's and V's are.
-  QuantizeArgs b = valid_args();
+  QuantizeArgs b = valid_quantize_args();
   b.seqlen_q = 0;
   b.q = {}, b.q_out = {}, b.q_scale = nullptr;
   EXPECT_TRUE(flash3::validate(b).ok());
   b.k.data = nullptr;
   EXPECT_EQ(flash3::validate(b).message().rfind("k.data:", 0), 0u);
 
-  QuantizeArgs c = valid_args();
+  QuantizeArgs c = valid_quantize_args();
   c.seqlen_k = 0;
   c.k = {}, c.v = {}, c.k_out = {}, c.v_out = {}, c.k_scale = c.v_scale = nullptr;
   EXPECT_TRUE(flash3::validate(c).ok());
@@ -221,9 +202,9 @@ TEST(QuantizeValidation, EmptyProblemsAreValidNoOps) {
 TEST(QuantizeValidation, EmptyQuantizeDoesNotTouchTheDevice) {
   // Nothing to read or write (no batch, or neither queries nor keys): ok
   // without querying the device. The arguments are still validated first.
-  QuantizeArgs a = valid_args();
+  QuantizeArgs a = valid_quantize_args();
   a.batch = 0;
-  QuantizeArgs b = valid_args();
+  QuantizeArgs b = valid_quantize_args();
   b.seqlen_q = b.seqlen_k = 0;
   for (QuantizeArgs& empty : {std::ref(a), std::ref(b)}) {
     Status s = flash3::quantize_fp8(empty, nullptr);

@@ -8,30 +8,15 @@
 #include <vector>
 
 #include "expect_invalid.h"
+#include "valid_args.h"
 #include "flash3/flash3.h"
 
 namespace {
 
+using flash3::testing::valid_forward_args;
+
 using flash3::ForwardArgs;
 using flash3::Status;
-
-// A valid problem over fake, suitably aligned addresses (never dereferenced:
-// validate() only looks at them).
-ForwardArgs valid_args() {
-  ForwardArgs a;
-  a.batch = 2;
-  a.seqlen_q = 100;
-  a.seqlen_k = 300;
-  a.heads_q = 8;
-  a.heads_kv = 2;
-  a.head_dim = 128;
-  auto fake = [](uintptr_t addr) { return reinterpret_cast<void*>(addr); };
-  a.q = flash3::contiguous<const void*>(fake(0x10000), a.seqlen_q, a.heads_q, a.head_dim);
-  a.k = flash3::contiguous<const void*>(fake(0x20000), a.seqlen_k, a.heads_kv, a.head_dim);
-  a.v = flash3::contiguous<const void*>(fake(0x30000), a.seqlen_k, a.heads_kv, a.head_dim);
-  a.o = flash3::contiguous<void*>(fake(0x40000), a.seqlen_q, a.heads_q, a.head_dim);
-  return a;
-}
 
 // Dense rows of 8 heads of head dim `d` (K and V's 2 heads padded to 8): a
 // layout valid for every head dim.
@@ -47,16 +32,16 @@ void set_head_dim(ForwardArgs& a, int d) {
 }
 
 void expect_invalid(std::function<void(ForwardArgs&)> const& edit, std::string const& names) {
-  flash3::testing::expect_invalid_args(valid_args(), edit, names);
+  flash3::testing::expect_invalid_args(valid_forward_args(), edit, names);
 }
 
 TEST(Validation, ValidArgumentsPass) {
-  EXPECT_TRUE(flash3::validate(valid_args()).ok());
+  EXPECT_TRUE(flash3::validate(valid_forward_args()).ok());
 }
 
 TEST(Validation, EachHeadDimIsAccepted) {
   for (int d : {64, 96, 128, 192, 256}) {
-    ForwardArgs a = valid_args();
+    ForwardArgs a = valid_forward_args();
     set_head_dim(a, d);
     EXPECT_TRUE(flash3::validate(a).ok()) << d;
   }
@@ -106,7 +91,7 @@ TEST(Validation, DtypeAndScale) {
 
 // FP8 inputs (1-byte elements) with per-block scales.
 ForwardArgs valid_fp8_args() {
-  ForwardArgs a = valid_args();
+  ForwardArgs a = valid_forward_args();
   a.dtype = flash3::DType::kE4M3;
   a.fp8.granularity = flash3::ScaleGranularity::kPerBlock;
   a.fp8.q = reinterpret_cast<const float*>(0x50000);
@@ -167,7 +152,7 @@ TEST(Validation, KernelOptionsWithoutAKernel) {
   }
   for (Built const& b : table) {
     for (unsigned bits = 0; bits < 16; ++bits) {
-      ForwardArgs a = b.dtype == DType::kE4M3 ? valid_fp8_args() : valid_args();
+      ForwardArgs a = b.dtype == DType::kE4M3 ? valid_fp8_args() : valid_forward_args();
       a.dtype = b.dtype;
       a.fp8.out_dtype = b.out_dtype;
       set_head_dim(a, b.head_dim);
@@ -221,7 +206,7 @@ TEST(Validation, Pointers) {
 
 // The caller's tile counter is optional and needs only an int's alignment.
 TEST(Validation, TileCounter) {
-  ForwardArgs a = valid_args();
+  ForwardArgs a = valid_forward_args();
   a.tile_counter = reinterpret_cast<int*>(0x60004);
   EXPECT_TRUE(flash3::validate(a).ok());
   expect_invalid([](ForwardArgs& a) { a.tile_counter = reinterpret_cast<int*>(0x60002); }, "tile_counter");
@@ -247,24 +232,24 @@ TEST(Validation, OutputMustNotOverlapItself) {
   expect_invalid([](ForwardArgs& a) { a.o.batch_stride = 50 * a.o.seq_stride; }, "o.batch_stride");
   expect_invalid_fp8([](ForwardArgs& a) { a.o.seq_stride = 16; }, "o.seq_stride");
   // Modes nest in any order, padded or not: [batch, heads, seqlen, head_dim] in memory.
-  ForwardArgs a = valid_args();
+  ForwardArgs a = valid_forward_args();
   a.o.seq_stride = a.head_dim;
   a.o.head_stride = a.seqlen_q * a.head_dim;
   a.o.batch_stride = a.heads_q * a.seqlen_q * a.head_dim + 64;
   EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
   // Inputs are only read: their rows may overlap.
-  a = valid_args();
+  a = valid_forward_args();
   a.q.seq_stride = a.k.head_stride = 8;
   EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
   // A mode of one index steps nowhere.
-  a = valid_args();
+  a = valid_forward_args();
   a.batch = 1;
   a.o.batch_stride = 8;
   EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
 }
 
 TEST(Validation, StridesOfSizeOneModesAreIgnored) {
-  ForwardArgs a = valid_args();
+  ForwardArgs a = valid_forward_args();
   a.batch = 1;
   a.q.batch_stride = 3;  // never used when there is one batch
   a.seqlen_q = 1;
@@ -273,15 +258,15 @@ TEST(Validation, StridesOfSizeOneModesAreIgnored) {
 }
 
 TEST(Validation, EmptyProblemsAreValidNoOps) {
-  ForwardArgs a = valid_args();
+  ForwardArgs a = valid_forward_args();
   a.batch = 0;
   a.q.data = nullptr;  // nothing is read or written
   EXPECT_TRUE(flash3::validate(a).ok());
-  a = valid_args();
+  a = valid_forward_args();
   a.seqlen_q = 0;
   a.o.data = nullptr;
   EXPECT_TRUE(flash3::validate(a).ok());
-  a = valid_args();
+  a = valid_forward_args();
   a.seqlen_k = 0;  // no keys: O = 0, LSE = +inf; K and V are not read
   a.k.data = nullptr;
   EXPECT_TRUE(flash3::validate(a).ok());
@@ -292,7 +277,7 @@ TEST(Validation, EmptyForwardDoesNotTouchTheDevice) {
   // is none (CI). The arguments are still validated first.
   for (auto const& empty : std::initializer_list<std::function<void(ForwardArgs&)>>{
            [](ForwardArgs& a) { a.batch = 0; }, [](ForwardArgs& a) { a.seqlen_q = 0; }}) {
-    ForwardArgs a = valid_args();
+    ForwardArgs a = valid_forward_args();
     empty(a);
     Status s = flash3::forward(a, nullptr);
     EXPECT_TRUE(s.ok()) << s.message();
@@ -304,7 +289,7 @@ TEST(Validation, EmptyForwardDoesNotTouchTheDevice) {
 }
 
 TEST(Validation, ForwardRejectsBeforeTouchingTheDevice) {
-  ForwardArgs a = valid_args();
+  ForwardArgs a = valid_forward_args();
   a.head_dim = 100;
   Status s = flash3::forward(a, nullptr);
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
@@ -314,7 +299,7 @@ TEST(Validation, ForwardRejectsBeforeTouchingTheDevice) {
 // ------------------------------------------------------------------ backward
 
 flash3::BackwardArgs valid_backward_args() {
-  ForwardArgs const f = valid_args();
+  ForwardArgs const f = valid_forward_args();
   flash3::BackwardArgs a;
   a.batch = f.batch;
   a.seqlen_q = f.seqlen_q;
