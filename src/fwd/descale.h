@@ -54,9 +54,9 @@ struct Fp8Descale {
         kv_offset(int(tile.batch * p.k_scale.batch_stride + head_kv * p.k_scale.head_stride)) {}
 
   // Loaded before the block's GEMMs are issued, so that the loads' latency
-  // hides behind them.
+  // hides behind them. A scale block is a key block (fp8_scale_blocks).
   CUTE_DEVICE BlockDescale block(int n_block) const {
-    int const i = kv_offset + n_block * Traits::kBlockN / Traits::kScaleBlockN * int(p.k_scale.block_stride);
+    int const i = kv_offset + n_block * int(p.k_scale.block_stride);
     return {smem.q_descale[q_stage] * p.k_scale.data[i], p.v_scale.data[i]};
   }
   CUTE_DEVICE void start(BlockDescale first) { v_descale = first.v; }

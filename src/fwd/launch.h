@@ -36,8 +36,8 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   if constexpr (Traits::kFp8) {
     ScaleGranularity const g = a.fp8.granularity;
     q_scale = make_scale_view(a.fp8.q, g, a.heads_q, a.seqlen_q, Traits::kBlockM);
-    k_scale = make_scale_view(a.fp8.k, g, a.heads_kv, a.seqlen_k, Traits::kScaleBlockN);
-    v_scale = make_scale_view(a.fp8.v, g, a.heads_kv, a.seqlen_k, Traits::kScaleBlockN);
+    k_scale = make_scale_view(a.fp8.k, g, a.heads_kv, a.seqlen_k, Traits::kBlockN);
+    v_scale = make_scale_view(a.fp8.v, g, a.heads_kv, a.seqlen_k, Traits::kBlockN);
   }
   // FwdTraits::kPartialTileFirst: the first tile starts above the sequence
   // by whole warpgroups' 64 rows.

@@ -35,10 +35,6 @@ struct FwdTraits {
   static constexpr bool kWarpSpecialized = kVariant.warp_specialization;
 
   static constexpr TileSize kTile = tile_size(kHeadDim, kFp8);
-  // FP8's per-block scales: Q's block is block M; a K/V scale block holds
-  // kScaleBlockN / kBlockN key blocks.
-  static constexpr int kScaleBlockN = kFp8 ? fp8_scale_blocks(kHeadDim).kv : kTile.block_n;
-  static_assert(!kFp8 || (fp8_scale_blocks(kHeadDim).q == kTile.block_m && kScaleBlockN % kTile.block_n == 0));
   // OnlineSoftmax's lazy row max, where skipping O's rescale (d/2 multiplies
   // per thread and key block) pays for the check: from head dim 128 on.
   static constexpr bool kLazyRowMax = !kFp8 && kHeadDim >= 128;
