@@ -35,23 +35,32 @@ def collect(folder):
     return data
 
 
+def spread(values):
+    """A build's own rounds: max/min - 1, the noise an A/A comparison would show."""
+    return max(values) / min(values) - 1 if min(values) > 0 else float("nan")
+
+
 def table(data, a, b, tolerance):
-    lines, ratios, outside = [], [], 0
+    lines, ratios, spreads, outside = [], [], [], 0
     for sweep, builds in sorted(data.items()):
-        lines += [f"### {sweep}", "", f"| pass | dtype | hdim | causal | seqlen | {a} | {b} | {b}/{a} |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"### {sweep}", "", f"| pass | dtype | hdim | causal | seqlen | {a} | {b} | {b}/{a} "
+                  f"| {a} spread | {b} spread |", "|---|---|---|---|---|---|---|---|---|---|"]
         for shape in sorted(set(builds[a]) & set(builds[b])):
             ma, mb = statistics.median(builds[a][shape]), statistics.median(builds[b][shape])
             ratio = mb / ma if ma > 0 else float("nan")
             ratios.append(ratio)
+            sa, sb = spread(builds[a][shape]), spread(builds[b][shape])
+            spreads += [sa, sb]
             flag = "" if abs(ratio - 1) <= tolerance else " **"
             outside += bool(flag)
             p, dt, h, c, s = shape
-            lines.append(f"| {p} | {dt} | {h} | {'yes' if c else 'no'} | {s} | {ma:.1f} | {mb:.1f} | {ratio:.3f}{flag} |")
+            lines.append(f"| {p} | {dt} | {h} | {'yes' if c else 'no'} | {s} | {ma:.1f} | {mb:.1f} | {ratio:.3f}{flag} "
+                         f"| {sa * 100:.1f}% | {sb * 100:.1f}% |")
         lines.append("")
     if ratios:
         lines.append(f"{b}/{a}: {len(ratios)} rows, ratio {min(ratios):.3f}-{max(ratios):.3f}, median "
-                     f"{statistics.median(ratios):.3f}; {outside} outside ±{tolerance * 100:.1f}%")
+                     f"{statistics.median(ratios):.3f}; {outside} outside ±{tolerance * 100:.1f}%; a build's own "
+                     f"rounds spread up to {max(spreads) * 100:.1f}% (median {statistics.median(spreads) * 100:.1f}%)")
     return "\n".join(lines), outside
 
 

@@ -16,8 +16,10 @@ def test_medians_over_rounds_and_ratio(tmp_path):
         (tmp_path / f"base_fwd_{r}.json").write_text(json.dumps([row(a)]))
         (tmp_path / f"new_fwd_{r}.json").write_text(json.dumps([row(b)]))
     text, outside = ab_table.table(ab_table.collect(tmp_path), "base", "new", 0.015)
-    assert "| fwd | bf16 | 128 | no | 1024 | 100.0 | 101.0 | 1.010 |" in text
+    # Each build's own rounds: base 98-102, new 90-103.
+    assert "| fwd | bf16 | 128 | no | 1024 | 100.0 | 101.0 | 1.010 | 4.1% | 14.4% |" in text
     assert outside == 0
+    assert text.splitlines()[-1].endswith("rounds spread up to 14.4% (median 9.3%)")
 
 
 def test_rows_outside_the_tolerance_are_marked(tmp_path):
@@ -26,4 +28,4 @@ def test_rows_outside_the_tolerance_are_marked(tmp_path):
     (tmp_path / "notes.txt").write_text("ignored")
     text, outside = ab_table.table(ab_table.collect(tmp_path), "base", "new", 0.015)
     assert "0.970 **" in text and outside == 1
-    assert text.splitlines()[-1].endswith("1 outside ±1.5%")
+    assert "; 1 outside ±1.5%;" in text.splitlines()[-1]

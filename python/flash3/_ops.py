@@ -40,6 +40,11 @@ def _ref(t):
     return (t.data_ptr(), *t.stride())
 
 
+def _ptr(t):
+    """A device pointer, or 0 (nullptr) for None."""
+    return 0 if t is None else t.data_ptr()
+
+
 def _head_dim_contiguous(t):
     """t, or a contiguous copy when its head dim is strided (the kernels need
     stride 1 there, and FlashAttention-3 copies such inputs too)."""
@@ -77,21 +82,16 @@ def _run(entry, args, stream, what):
 
 
 # The forward's persistent scheduler claims tiles from a zeroed int32 counter
-# that every launch leaves zero. Eager calls reuse one per (device, stream);
-# under CUDA graph capture each launch gets its own from the caching allocator
-# (then the graph's pool), zeroed by a node of the graph, so that graphs
-# replayed concurrently never share one.
-_tile_counters = {}
-
-
-def _tile_counter(device_index, stream):
+# that every launch leaves zero. Eager calls pass none and get flash3's own,
+# one per stream, outside PyTorch's allocator: torch.compile's CUDA-graph
+# warm-up runs eagerly with its allocations routed to the graph's pool, which
+# must hold no tensor that outlives the call. Under capture each launch gets
+# its own from the caching allocator (the graph's pool), zeroed by a node of
+# the graph, so that graphs replayed concurrently never share one.
+def _tile_counter(device_index):
     if torch.cuda.is_current_stream_capturing():
         return torch.zeros(1, dtype=torch.int32, device=device_index)
-    key = (device_index, stream)
-    counter = _tile_counters.get(key)
-    if counter is None:
-        counter = _tile_counters[key] = torch.zeros(1, dtype=torch.int32, device=device_index)
-    return counter
+    return None
 
 
 # ---- outputs: shared by the real and the fake implementations --------------
@@ -119,7 +119,8 @@ def scale_shape(granularity, batch, heads, seqlen, block):
 def _quantize_outputs(q, k, v, granularity):
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
-    block_q, block_kv = _abi.FP8_BLOCK_SIZES[d]
+    # The head dim picks the kernel: specializing a symbolic one is what the kernels do anyway.
+    block_q, block_kv = _abi.FP8_BLOCK_SIZES[int(d)]
     e4m3 = torch.float8_e4m3fn
     return (q.new_empty(q.shape, dtype=e4m3), k.new_empty(k.shape, dtype=e4m3), v.new_empty(v.shape, dtype=e4m3),
             q.new_empty(scale_shape(granularity, b, hq, sq, block_q), dtype=torch.float32),
@@ -140,7 +141,7 @@ def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter):
                DTYPES[out.dtype])
     b, sq, hq, d = q.shape
     _pack_forward(args, 0, DTYPES[q.dtype], b, sq, k.shape[1], hq, k.shape[2], d, *_ref(q), *_ref(k), *_ref(v),
-                  *_ref(out), lse.data_ptr(), softmax_scale, causal, *fp8, *_ALL_ON, counter.data_ptr())
+                  *_ref(out), lse.data_ptr(), softmax_scale, causal, *fp8, *_ALL_ON, _ptr(counter))
     return args
 
 
@@ -180,7 +181,7 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_scale: Optional[Tensor], k_
     q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
     out, lse = _forward_outputs(q, out_dtype)
     stream = _raw_stream(q.device.index)
-    counter = _tile_counter(q.device.index, stream)
+    counter = _tile_counter(q.device.index)
     args = forward_args(q, k, v, out, lse, (q_scale, k_scale, v_scale), softmax_scale, causal, counter)
     _run(lib.forward, args, stream, "forward")
     return out, lse
