@@ -121,6 +121,14 @@ struct Result {
   std::string error;
 };
 
+// The power-capped card's clock follows its recent load: how the timed calls
+// meet it (the same for every shape and build).
+struct Regime {
+  int gap_ms = 0;               // the GPU idle this long before the shape's samples...
+  bool gap_per_sample = false;  // ...or before each sample: none of them under the cap
+  int load_ms = 0;              // the sustained regime: the shape back to back this long first
+};
+
 struct Options {
   std::vector<Pass> passes = {Pass::kFwd};
   std::vector<int> head_dims = {64, 128, 256};
@@ -130,8 +138,7 @@ struct Options {
   DType dtype = DType::kBF16;
   int64_t total_tokens = 16384, hidden = 2048, gqa = 1;
   int reps = 30;
-  int gap_ms = 0;
-  int load_ms = 0;
+  Regime regime;
   bool check = true, ablation = false, deterministic = false, fp8_accuracy = false, quant_bandwidth = false;
   flash3::ScaleGranularity granularity = flash3::ScaleGranularity::kPerBlock;
   bool hadamard = false;
@@ -157,6 +164,7 @@ void usage() {
       "  --reps N               timed runs per shape, median reported (default 30)\n"
       "  --gap-ms N             the GPU idle N ms before each shape is timed (default 0: the sweep's\n"
       "                         continuous load); the same gap for every shape and build\n"
+      "  --gap-per-sample       the gap before each timed call instead: none of them under the power cap\n"
       "  --load-ms N            the sustained regime: each shape runs back to back N ms before it\n"
       "                         is timed, so that the power-capped card's clock has settled\n"
       "  --no-check             skip the reference check\n"
@@ -217,8 +225,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--hidden") o.hidden = std::stoll(next());
     else if (a == "--gqa") o.gqa = std::stoll(next());
     else if (a == "--reps") o.reps = std::max(1, std::stoi(next()));
-    else if (a == "--gap-ms") o.gap_ms = std::max(0, std::stoi(next()));
-    else if (a == "--load-ms") o.load_ms = std::max(0, std::stoi(next()));
+    else if (a == "--gap-ms") o.regime.gap_ms = std::max(0, std::stoi(next()));
+    else if (a == "--gap-per-sample") o.regime.gap_per_sample = true;
+    else if (a == "--load-ms") o.regime.load_ms = std::max(0, std::stoi(next()));
     else if (a == "--no-check") o.check = false;
     else if (a == "--ablation") o.ablation = true;
     else if (a == "--deterministic") o.deterministic = true;
@@ -238,6 +247,22 @@ double flops(Config const& c) {
   return c.pass == Pass::kFwd ? f : c.pass == Pass::kBwd ? 2.5 * f : 3.5 * f;
 }
 
+__global__ void spin(long long cycles) {
+  long long const start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+// The GPU idle gap_ms, then a spin of about 2 ms that brings the clock back up
+// from idle, queued ahead of what follows, which thus starts on the GPU and not
+// when the host submits it.
+void idle(int gap_ms) {
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+  spin<<<1, 1>>>(4'000'000);
+  CHECK_CUDA(cudaGetLastError());
+}
+
 // The median time of f() in ms, taken as triton's do_bench times the peers
 // (bench/compare_sdpa.py): before each sample a 256 MB memset flushes the L2,
 // and the host queues every sample without waiting, so that each call starts
@@ -247,19 +272,18 @@ double flops(Config const& c) {
 // each batch's first call, and the causal forward's re-allocation of its
 // tile counter after the synchronization.)
 template <class F>
-// load_ms > 0 runs f() (each after a flush, as the samples) back to back that
-// long first: the sustained regime, the clock the power cap settles at.
-double median_ms(F&& f, int reps, int load_ms = 0) {
+double median_ms(F&& f, int reps, Regime const& regime = {}) {
   constexpr size_t kFlushBytes = size_t(256) << 20;
   static void* flush = nullptr;  // one buffer for the process, freed with it
   if (flush == nullptr) CHECK_CUDA(cudaMalloc(&flush, kFlushBytes));
   for (int i = 0; i < 3; ++i) f();
-  if (load_ms > 0) {
-    // Waiting only on the call kQueueDepth back keeps the GPU's queue from running dry.
+  if (regime.load_ms > 0) {
+    // Each call after a flush, as the samples; waiting only on the call
+    // kQueueDepth back keeps the GPU's queue from running dry.
     constexpr int kQueueDepth = 8;
     std::vector<cudaEvent_t> marks(kQueueDepth);
     for (cudaEvent_t& e : marks) CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    auto const deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(load_ms);
+    auto const deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(regime.load_ms);
     for (int i = 0; std::chrono::steady_clock::now() < deadline; ++i) {
       cudaEvent_t& mark = marks[i % kQueueDepth];
       if (i >= kQueueDepth) CHECK_CUDA(cudaEventSynchronize(mark));
@@ -269,9 +293,11 @@ double median_ms(F&& f, int reps, int load_ms = 0) {
     }
     for (cudaEvent_t e : marks) cudaEventDestroy(e);
   }
+  if (regime.gap_ms > 0 && !regime.gap_per_sample) idle(regime.gap_ms);
   std::vector<cudaEvent_t> events(2 * size_t(reps));
   for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventCreate(&e));
   for (int i = 0; i < reps; ++i) {
+    if (regime.gap_ms > 0 && regime.gap_per_sample) idle(regime.gap_ms);
     CHECK_CUDA(cudaMemsetAsync(flush, 0, kFlushBytes));
     CHECK_CUDA(cudaEventRecord(events[2 * i]));
     f();
@@ -505,13 +531,7 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
       r.ok = chk.ok;
       r.error = chk.error;
     }
-    if (opt.gap_ms > 0) {
-      // The power-capped card's clock depends on its recent load: an idle
-      // gap gives every shape the same start.
-      CHECK_CUDA(cudaDeviceSynchronize());
-      std::this_thread::sleep_for(std::chrono::milliseconds(opt.gap_ms));
-    }
-    r.ms = median_ms([&] { call(); }, opt.reps, opt.load_ms);
+    r.ms = median_ms([&] { call(); }, opt.reps, opt.regime);
     r.tflops = flops(c) / (r.ms * 1e-3) / 1e12;
   } else {
     r.error = s.message();

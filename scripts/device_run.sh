@@ -10,8 +10,8 @@
 #                                       compare ab (default: all but build, wheel and ab)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter). The stage `ab`
 # times the carried baseline .base/flash3-bench against this build in
-# AB_ROUNDS (3) interleaved rounds of the AB_SWEEPS (fwd bwd fp8), after an
-# idle gap of AB_GAP_MS or a load of AB_LOAD_MS per shape.
+# AB_ROUNDS (3) interleaved rounds of the AB_SWEEPS (fwd bwd fp8), in the
+# regime AB_REGIME (default "--gap-ms 300": the GPU idle before each shape).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flash3-out}
@@ -136,13 +136,11 @@ fi
 
 if has ab; then
   # The two builds take turns by (head dim, mask), a few seconds each, and
-  # the one that goes first alternates; each shape starts after the same
-  # idle gap (AB_GAP_MS), or with AB_LOAD_MS after that long a load (the
-  # sustained regime), so that the power-capped card's clock, which follows
-  # its recent load, falls on both alike.
+  # the one that goes first alternates; every shape is timed in the same
+  # regime (AB_REGIME, flash3-bench's options), so that the power-capped
+  # card's clock, which follows its recent load, falls on both alike.
   mkdir -p "$OUT/ab"
-  regime=(--gap-ms "${AB_GAP_MS:-300}")
-  [ -n "${AB_LOAD_MS:-}" ] && regime=(--load-ms "$AB_LOAD_MS")
+  read -ra regime <<<"${AB_REGIME:---gap-ms 300}"
   turn=0
   for round in $(seq "${AB_ROUNDS:-3}"); do
     for sweep in ${AB_SWEEPS:-fwd bwd fp8}; do
