@@ -6,8 +6,9 @@
 # docs/performance.md from them). Binaries are built on the workstation and
 # carried in .device/ (scripts/stage_device.sh), or built here by the stage
 # `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
-#   scripts/device_run.sh [stage ...]   stages: build test python wheel sanitize bench bwd fp8 ablation
-#                                       compare ab (default: all but build, wheel and ab)
+#   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize bench bwd
+#                                       fp8 ablation compare match ab
+#                                       (default: test python sanitize bench bwd fp8 ablation compare)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter). The stage `ab`
 # times the carried baseline .base/flash3-bench against this build in
 # AB_ROUNDS (3) interleaved rounds of the AB_SWEEPS (fwd bwd fp8), in the
@@ -46,11 +47,26 @@ if has test; then
   grep -E "FAILED|Failure|error" "$OUT/test_gpu.log" | head -20
 fi
 
+# Python: the package from the tree on the library the build stage made, or
+# else the installed one (stage wheel, or a carried wheel installed before).
+py=(python3)
+[ -f build-device/libflash3_c.so ] && py=(env FLASH3_LIBRARY=$PWD/build-device/libflash3_c.so PYTHONPATH=$PWD/python python3)
+
 if has python; then
-  # The Python package from the tree, on the library the build stage made.
-  FLASH3_LIBRARY=$PWD/build-device/libflash3_c.so PYTHONPATH=$PWD/python timeout 400 \
-    python3 -m pytest -q -rs tests/python >"$OUT/pytest.log" 2>&1
+  timeout 400 "${py[@]}" -m pytest -q -rs tests/python >"$OUT/pytest.log" 2>&1
   summary+=("pytest tests/python rc=$?: $(tail -1 "$OUT/pytest.log")")
+fi
+
+if has train; then
+  # examples/train_gpt.py: 200 steps with flash3 and with SDPA, same seed and batches.
+  timeout 300 "${py[@]}" examples/train_gpt.py >"$OUT/train_gpt.txt" 2>&1
+  summary+=("train_gpt rc=$?: $(grep -E 'tokens/s| vs ' "$OUT/train_gpt.txt" | tr '\n' ' ')")
+fi
+
+if has overhead; then
+  # Host time per call, flash3 against SDPA's FlashAttention-2 (tiny shape, 10,000 calls).
+  timeout 300 "${py[@]}" -m flash3.benchmark --overhead --json "$OUT/overhead.json" >"$OUT/overhead.txt" 2>&1
+  summary+=("overhead rc=$?: $(grep -E ': flash3 .* us, SDPA' "$OUT/overhead.txt" | tr '\n' ' ')")
 fi
 
 if has wheel; then
@@ -100,7 +116,7 @@ fi
 # The clocks while the timed stages run (scripts/clock_summary.py): the lent
 # cards run power-capped on long shapes, which moves their TFLOP/s.
 sampler=
-if has bench || has bwd || has fp8 || has ablation || has compare || has ab; then
+if has bench || has bwd || has fp8 || has ablation || has compare || has ab || has match; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv,noheader -lms 200 >"$OUT/clocks.csv" 2>/dev/null &
   sampler=$!
@@ -132,6 +148,21 @@ fi
 if has ablation; then
   timeout 120 $B/flash3-bench --ablation --json "$OUT/ablation.json" >"$OUT/ablation.txt" 2>&1
   summary+=("ablation rc=$?")
+fi
+
+if has match; then
+  # flash_attn_func's TFLOP/s against flash3-bench's, forward and backward at
+  # the paper's shapes, both with the GPU idle before every sample (no sample
+  # under the power cap: the A/B's regime), so that the two read alike.
+  regime=(--gap-ms 50 --reps 10 --no-check)
+  for pass in fwd bwd; do
+    timeout 200 $B/flash3-bench --pass $pass "${regime[@]}" --gap-per-sample --json "$OUT/match_bench_$pass.json" \
+      >"$OUT/match_bench_$pass.txt" 2>&1 || summary+=("match: flash3-bench $pass rc=$?")
+    timeout 300 "${py[@]}" -m flash3.benchmark --methods flash3 --pass $pass "${regime[@]}" \
+      --json "$OUT/match_py_$pass.json" >"$OUT/match_py_$pass.txt" 2>&1 || summary+=("match: python $pass rc=$?")
+  done
+  python3 scripts/match_table.py --bench "$OUT"/match_bench_*.json --python "$OUT"/match_py_*.json >"$OUT/match.md"
+  summary+=("match rc=$?: $(tail -1 "$OUT/match.md")")
 fi
 
 if has ab; then
