@@ -47,36 +47,47 @@ if has test; then
   grep -E "FAILED|Failure|error" "$OUT/test_gpu.log" | head -20
 fi
 
-# Python: the package from the tree on the library the build stage made, or
-# else the installed one (stage wheel, or a carried wheel installed before).
-py=(python3)
-[ -f build-device/libflash3_c.so ] && py=(env FLASH3_LIBRARY=$PWD/build-device/libflash3_c.so PYTHONPATH=$PWD/python python3)
+# Python runs the package from the tree on a built library: the build
+# stage's, or else the installed package's (stage wheel).
+py() {
+  local lib=$PWD/build-device/libflash3_c.so
+  [ -f "$lib" ] || lib=$(cd /tmp && python3 -c "import os, flash3._abi as a; print(os.path.join(os.path.dirname(a.__file__), 'libflash3_c.so'))" 2>/dev/null)
+  FLASH3_LIBRARY=$lib PYTHONPATH=$PWD/python python3 "$@"
+}
+
+if has wheel; then
+  # A wheel carried in dist/ (scripts/build_wheel.sh on another machine) is
+  # installed as is; without one, `pip install .` builds it here as a user
+  # would (offline: the carried CUTLASS headers, the machine's
+  # scikit-build-core). Then the tests on the installed package.
+  wheel=$(ls dist/flash3-*.whl 2>/dev/null | head -1)
+  if [ -n "$wheel" ]; then
+    timeout 300 python3 -m pip install --no-deps --no-index "$wheel" >"$OUT/wheel.log" 2>&1
+    summary+=("pip install $wheel rc=$?")
+  else
+    FLASH3_CUTLASS_DIR=$PWD/.deps/cutlass timeout 500 python3 -m pip install --no-build-isolation --no-deps . \
+      >"$OUT/wheel.log" 2>&1
+    summary+=("pip install . rc=$?")
+  fi
+  (cd /tmp && timeout 400 python3 -m pytest -q -rs "$OLDPWD/tests/python" >"$OUT/pytest_installed.log" 2>&1)
+  summary+=("pytest on the installed package rc=$?: $(tail -1 "$OUT/pytest_installed.log")")
+fi
 
 if has python; then
-  timeout 400 "${py[@]}" -m pytest -q -rs tests/python >"$OUT/pytest.log" 2>&1
+  timeout 400 py -m pytest -q -rs tests/python >"$OUT/pytest.log" 2>&1
   summary+=("pytest tests/python rc=$?: $(tail -1 "$OUT/pytest.log")")
 fi
 
 if has train; then
   # examples/train_gpt.py: 200 steps with flash3 and with SDPA, same seed and batches.
-  timeout 300 "${py[@]}" examples/train_gpt.py >"$OUT/train_gpt.txt" 2>&1
+  timeout 300 py examples/train_gpt.py >"$OUT/train_gpt.txt" 2>&1
   summary+=("train_gpt rc=$?: $(grep -E 'tokens/s| vs ' "$OUT/train_gpt.txt" | tr '\n' ' ')")
 fi
 
 if has overhead; then
   # Host time per call, flash3 against SDPA's FlashAttention-2 (tiny shape, 10,000 calls).
-  timeout 300 "${py[@]}" -m flash3.benchmark --overhead --json "$OUT/overhead.json" >"$OUT/overhead.txt" 2>&1
+  timeout 300 py -m flash3.benchmark --overhead --json "$OUT/overhead.json" >"$OUT/overhead.txt" 2>&1
   summary+=("overhead rc=$?: $(grep -E ': flash3 .* us, SDPA' "$OUT/overhead.txt" | tr '\n' ' ')")
-fi
-
-if has wheel; then
-  # `pip install .` as a user runs it (offline: the carried CUTLASS headers,
-  # the machine's scikit-build-core), then the tests on the installed package.
-  FLASH3_CUTLASS_DIR=$PWD/.deps/cutlass timeout 500 python3 -m pip install --no-build-isolation --no-deps . \
-    >"$OUT/wheel.log" 2>&1
-  summary+=("pip install . rc=$?")
-  (cd /tmp && timeout 400 python3 -m pytest -q -rs "$OLDPWD/tests/python" >"$OUT/pytest_installed.log" 2>&1)
-  summary+=("pytest on the installed package rc=$?: $(tail -1 "$OUT/pytest_installed.log")")
 fi
 
 if has sanitize; then
@@ -158,7 +169,7 @@ if has match; then
   for pass in fwd bwd; do
     timeout 200 $B/flash3-bench --pass $pass "${regime[@]}" --gap-per-sample --json "$OUT/match_bench_$pass.json" \
       >"$OUT/match_bench_$pass.txt" 2>&1 || summary+=("match: flash3-bench $pass rc=$?")
-    timeout 300 "${py[@]}" -m flash3.benchmark --methods flash3 --pass $pass "${regime[@]}" \
+    timeout 300 py -m flash3.benchmark --methods flash3 --pass $pass "${regime[@]}" \
       --json "$OUT/match_py_$pass.json" >"$OUT/match_py_$pass.txt" 2>&1 || summary+=("match: python $pass rc=$?")
   done
   python3 scripts/match_table.py --bench "$OUT"/match_bench_*.json --python "$OUT"/match_py_*.json >"$OUT/match.md"

@@ -3,7 +3,7 @@ times flash3: before each sample a 256 MB write flushes the L2, CUDA events
 bracket the call, and the median of the samples is reported.
 
 The host never makes a sample wait for it: each sample is queued behind GPU
-work (the previous sample, the load, or a spin of HOLD_MS), so the events time
+work (the previous sample, the load, or a spin of HOLD_CYCLES), so the events time
 the call on the GPU, not the host's submission of it.
 
 Regimes (the power-capped card's clock follows its recent load):
@@ -17,7 +17,12 @@ import collections
 import time
 
 FLUSH_BYTES = 256 << 20  # flash3-bench's: five times an H100's L2
-HOLD_MS = 2.0  # far above the host's time to queue one sample (flush, events, one call or autograd.grad)
+# The spin before a sample after an idle gap, flash3-bench's: about 2 ms at
+# full clock and longer while the clock rises from idle, so that the sample
+# starts queued (far above the host's time to queue one) and at full clock.
+# Counted in cycles, not calibrated: a rate measured at a low clock makes
+# the spin too short for either.
+HOLD_CYCLES = 4_000_000
 WARMUP_CALLS = 3
 LOAD_QUEUE_DEPTH = 8  # calls the host may run ahead of the GPU while loading it
 
@@ -29,7 +34,6 @@ class Timer:
         self.reps = reps
         self.telemetry = telemetry
         self.flush_buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-        self.hold_cycles = int(self._sleep_cycles_per_ms() * HOLD_MS)
 
     def description(self):
         return (f"CUDA events around each call, a {FLUSH_BYTES >> 20} MB write before each sample (L2 flush), "
@@ -38,18 +42,8 @@ class Timer:
     def _event(self):
         return self.torch.cuda.Event(enable_timing=True)
 
-    def _sleep_cycles_per_ms(self):
-        # torch.cuda._sleep spins for a number of clock cycles: measure their rate instead of assuming a clock.
-        cycles = 1_000_000
-        start, end = self._event(), self._event()
-        start.record()
-        self.torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        return cycles / start.elapsed_time(end)
-
     def _hold(self):
-        self.torch.cuda._sleep(self.hold_cycles)
+        self.torch.cuda._sleep(HOLD_CYCLES)
 
     def _idle(self):
         self.torch.cuda.synchronize()
