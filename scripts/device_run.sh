@@ -47,14 +47,6 @@ if has test; then
   grep -E "FAILED|Failure|error" "$OUT/test_gpu.log" | head -20
 fi
 
-# Python runs the package from the tree on a built library: the build
-# stage's, or else the installed package's (stage wheel).
-py() {
-  local lib=$PWD/build-device/libflash3_c.so
-  [ -f "$lib" ] || lib=$(cd /tmp && python3 -c "import os, flash3._abi as a; print(os.path.join(os.path.dirname(a.__file__), 'libflash3_c.so'))" 2>/dev/null)
-  FLASH3_LIBRARY=$lib PYTHONPATH=$PWD/python python3 "$@"
-}
-
 if has wheel; then
   # A wheel carried in dist/ (scripts/build_wheel.sh on another machine) is
   # installed as is; without one, `pip install .` builds it here as a user
@@ -73,20 +65,26 @@ if has wheel; then
   summary+=("pytest on the installed package rc=$?: $(tail -1 "$OUT/pytest_installed.log")")
 fi
 
+# Python runs the package from the tree on a built library: the build
+# stage's, or else the installed package's (stage wheel).
+pylib=$PWD/build-device/libflash3_c.so
+[ -f "$pylib" ] || pylib=$(cd /tmp && python3 -c "import os, flash3._abi as a; print(os.path.join(os.path.dirname(a.__file__), 'libflash3_c.so'))" 2>/dev/null)
+py=(env FLASH3_LIBRARY="$pylib" PYTHONPATH="$PWD/python" python3)
+
 if has python; then
-  timeout 400 py -m pytest -q -rs tests/python >"$OUT/pytest.log" 2>&1
+  timeout 400 "${py[@]}" -m pytest -q -rs tests/python >"$OUT/pytest.log" 2>&1
   summary+=("pytest tests/python rc=$?: $(tail -1 "$OUT/pytest.log")")
 fi
 
 if has train; then
   # examples/train_gpt.py: 200 steps with flash3 and with SDPA, same seed and batches.
-  timeout 300 py examples/train_gpt.py >"$OUT/train_gpt.txt" 2>&1
+  timeout 300 "${py[@]}" examples/train_gpt.py >"$OUT/train_gpt.txt" 2>&1
   summary+=("train_gpt rc=$?: $(grep -E 'tokens/s| vs ' "$OUT/train_gpt.txt" | tr '\n' ' ')")
 fi
 
 if has overhead; then
   # Host time per call, flash3 against SDPA's FlashAttention-2 (tiny shape, 10,000 calls).
-  timeout 300 py -m flash3.benchmark --overhead --json "$OUT/overhead.json" >"$OUT/overhead.txt" 2>&1
+  timeout 300 "${py[@]}" -m flash3.benchmark --overhead --json "$OUT/overhead.json" >"$OUT/overhead.txt" 2>&1
   summary+=("overhead rc=$?: $(grep -E ': flash3 .* us, SDPA' "$OUT/overhead.txt" | tr '\n' ' ')")
 fi
 
@@ -169,7 +167,7 @@ if has match; then
   for pass in fwd bwd; do
     timeout 200 $B/flash3-bench --pass $pass "${regime[@]}" --gap-per-sample --json "$OUT/match_bench_$pass.json" \
       >"$OUT/match_bench_$pass.txt" 2>&1 || summary+=("match: flash3-bench $pass rc=$?")
-    timeout 300 py -m flash3.benchmark --methods flash3 --pass $pass "${regime[@]}" \
+    timeout 300 "${py[@]}" -m flash3.benchmark --methods flash3 --pass $pass "${regime[@]}" \
       --json "$OUT/match_py_$pass.json" >"$OUT/match_py_$pass.txt" 2>&1 || summary+=("match: python $pass rc=$?")
   done
   python3 scripts/match_table.py --bench "$OUT"/match_bench_*.json --python "$OUT"/match_py_*.json >"$OUT/match.md"
