@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/device_info.h"
+#include "common/dynamic_smem.h"
 #include "bwd/kernel.h"
 #include "bwd/postprocess.h"
 #include "bwd/preprocess.h"
@@ -88,7 +89,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   int64_t const tiles = int64_t(n_blocks) * a.heads_q * a.batch;
   TailSplit split;
   if (n_blocks > 0) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelT::kSmemBytes);
+    err = allow_dynamic_smem<backward_kernel<KernelT>>(device.id, KernelT::kSmemBytes);
     if (err != cudaSuccess) return err;
     if (!Traits::kCausal && !a.deterministic) {
       int ctas_per_sm = 0;

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "common/device_info.h"
+#include "common/dynamic_smem.h"
 #include "common/gmem_tensor.h"
 #include "common/scale_view.h"
 #include "common/tile_scheduler.h"
@@ -55,7 +56,7 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   int64_t const kv_bytes = 2 * a.seqlen_k * a.head_dim * int64_t(sizeof(typename Traits::Element)) /
                            (a.heads_q / a.heads_kv);
   auto kernel = forward_kernel<KernelT>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KernelT::kSmemBytes);
+  cudaError_t err = allow_dynamic_smem<forward_kernel<KernelT>>(device.id, KernelT::kSmemBytes);
   typename KernelT::Scheduler::Launch launch;
   if (err == cudaSuccess) {
     err = launch.prepare(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, Traits::kCausal, a.options.persistent,
