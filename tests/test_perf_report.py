@@ -181,7 +181,8 @@ def generate(tmp_path, source, *extra, env=None, plot=False):
     args = [sys.executable, str(SCRIPT), str(data), "--out", str(docs / "performance.md"),
             "--plot", str(docs / "performance.png"), "--readme", str(readme)]
     if source is not None:
-        args += ["--import"] + [str(s) for s in (source if isinstance(source, list) else [source])]
+        for each in source if isinstance(source, list) else [source]:
+            args += ["--import", str(each)]
     if not plot:
         args.append("--no-plot")
     done = subprocess.run(args + list(extra), capture_output=True, text=True, env=env)
