@@ -263,8 +263,8 @@ void idle(int gap_ms) {
   CHECK_CUDA(cudaGetLastError());
 }
 
-// The median time of f() in ms, taken as triton's do_bench times the peers
-// (bench/compare_sdpa.py): before each sample a 256 MB memset flushes the L2,
+// The median time of f() in ms, taken as python -m flash3.benchmark times
+// flash3 and its peers: before each sample a 256 MB memset flushes the L2,
 // and the host queues every sample without waiting, so that each call starts
 // on the GPU right behind the flush, not when the host has submitted it.
 // (Not batches of back-to-back calls between two events, with a

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: GPU tests, compute-sanitizer, the benchmark
-# sweep, the Table 2 ablation and the SDPA peers, logs under $OUT, a short
-# summary last with the SM clock during the timed stages (the logs themselves
-# in $OUT/logs.tgz; `scripts/perf_report.py --import logs.tgz` makes
+# sweep, the Table 2 ablation and flash3 beside its peers, logs under $OUT, a
+# short summary last with the SM clock during the timed stages (the logs
+# themselves in $OUT/logs.tgz; `scripts/perf_report.py --import logs.tgz` makes
 # docs/performance.md from them). Binaries are built on the workstation and
 # carried in .device/ (scripts/stage_device.sh), or built here by the stage
 # `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
 #   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize bench bwd
-#                                       fp8 ablation compare match ab
+#                                       fp8 ablation compare sustained match ab
 #                                       (default: test python sanitize bench bwd fp8 ablation compare)
-# FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter). The stage `ab`
+# FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter). The stages
+# `compare` (the GPU idle PEERS_GAP_MS, default 50, before every sample) and
+# `sustained` (each shape under continuous load for 2 s first) time flash3 and
+# its peers with python -m flash3.benchmark, the passes PEERS_PASSES (default
+# "fwd bwd fwd+bwd"; a whole sustained sweep outlasts one call). The stage `ab`
 # times the carried baseline .base/flash3-bench against this build in
 # AB_ROUNDS (3) interleaved rounds of the AB_SWEEPS (fwd bwd fp8), in the
 # regime AB_REGIME (default "--gap-ms 300": the GPU idle before each shape).
@@ -125,7 +129,7 @@ fi
 # The clocks while the timed stages run (scripts/clock_summary.py): the lent
 # cards run power-capped on long shapes, which moves their TFLOP/s.
 sampler=
-if has bench || has bwd || has fp8 || has ablation || has compare || has ab || has match; then
+if has bench || has bwd || has fp8 || has ablation || has compare || has sustained || has ab || has match; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv,noheader -lms 200 >"$OUT/clocks.csv" 2>/dev/null &
   sampler=$!
@@ -204,12 +208,23 @@ if has ab; then
   summary+=("ab: $(tail -1 "$OUT/ab.md") (baseline $(cat .base/COMMIT 2>/dev/null))")
 fi
 
-jsons=$(ls "$OUT"/bench.json "$OUT"/bench_bwd.json "$OUT"/bench_fp8.json 2>/dev/null)
-if has compare && [ -n "$jsons" ]; then
-  timeout 400 python3 bench/compare_sdpa.py --flash3-json $jsons --out-json "$OUT/compare.json" \
-    >"$OUT/compare.txt" 2>"$OUT/compare.err"
-  summary+=("compare rc=$?")
-fi
+# flash3 beside SDPA's FlashAttention-2 and cuDNN (and FA3 / flash_attn where
+# importable), each method timed the same way in one process; a process and a
+# file per pass, so that a regime's sweep can be split over calls and merged.
+# The two regimes go to files of their own: the power-capped card reads faster
+# after idle gaps than under load, so their numbers are never compared.
+peers() {  # peers NAME [regime options]: $OUT/NAME_<pass>.json, $OUT/NAME.txt
+  local name=$1 pass start
+  shift
+  for pass in ${PEERS_PASSES:-fwd bwd fwd+bwd}; do
+    start=$(date +%s)
+    timeout 540 "${py[@]}" -m flash3.benchmark --pass "$pass" "$@" --json "$OUT/${name}_$pass.json" \
+      >>"$OUT/$name.txt" 2>>"$OUT/$name.err"
+    summary+=("$name $pass rc=$? in $(($(date +%s) - start)) s")
+  done
+}
+has compare && peers peers --gap-ms "${PEERS_GAP_MS:-50}"
+has sustained && peers peers_sustained --sustained
 
 if [ -n "$sampler" ]; then
   kill "$sampler" 2>/dev/null
@@ -218,9 +233,14 @@ if [ -n "$sampler" ]; then
 fi
 
 echo
-for f in ablation.txt compare.txt; do [ -f "$OUT/$f" ] && { echo "== $f"; grep -E '^\||beats|device' "$OUT/$f"; }; done
-[ -f "$OUT/bench.txt" ] && [ ! -f "$OUT/compare.txt" ] && { echo "== bench.txt"; grep '^|' "$OUT/bench.txt"; }
-[ -f "$OUT/bench_bwd.txt" ] && [ ! -f "$OUT/compare.txt" ] && { echo "== bench_bwd.txt"; grep '^|' "$OUT/bench_bwd.txt"; }
+[ -f "$OUT/ablation.txt" ] && { echo "== ablation.txt"; grep -E '^\||beats|device' "$OUT/ablation.txt"; }
+for f in peers.txt peers_sustained.txt; do
+  [ -f "$OUT/$f" ] && { echo "== $f"; grep -E '^\||^(device|regime|not run):|^- ' "$OUT/$f"; }
+done
+# flash3-bench's own tables only where there are no peers' tables, so that the printout stays short.
+if [ ! -f "$OUT/peers.txt" ] && [ ! -f "$OUT/peers_sustained.txt" ]; then
+  for f in bench.txt bench_bwd.txt; do [ -f "$OUT/$f" ] && { echo "== $f"; grep '^|' "$OUT/$f"; }; done
+fi
 [ -f "$OUT/ab.md" ] && { echo "== ab.md"; grep -E '\*\*$' "$OUT/ab.md"; }
 for f in bench_fp8.txt fp8_accuracy.txt quant_bandwidth.txt; do [ -f "$OUT/$f" ] && { echo "== $f"; grep -E '^\|' "$OUT/$f"; }; done
 [ -f "$OUT/bench_bwd_det.txt" ] && { echo "== bench_bwd_det.txt (deterministic)"; grep '^| bwd' "$OUT/bench_bwd_det.txt"; }

@@ -12,19 +12,30 @@ checked against it:
 The data folder holds (all but gpu.txt optional):
   gpu.txt            nvidia-smi's "name, clocks.sm, clocks.max.sm, power.limit, driver_version" line,
                      then "commit ...", "date ...", "command ..." lines
-  bench.json, bench_bwd.json, bench_fp8.json   flash3-bench --json (the sweeps)
+  peers*.json        python -m flash3.benchmark --json: flash3 beside its peers, every method timed the same way
+                     in one process; a file per pass and regime (device_run.sh's stage compare writes
+                     peers_<pass>.json, its stage sustained peers_sustained_<pass>.json); the files of one
+                     regime make one section, those of two regimes never share a table
+  bench.json, bench_bwd.json, bench_fp8.json   flash3-bench --json (its own sweeps, flash3 alone)
   bench_bwd_det.json flash3-bench --pass bwd --deterministic --json
   ablation.json      flash3-bench --ablation --json
-  compare.json       bench/compare_sdpa.py --out-json (SDPA's FlashAttention-2 and cuDNN, same shapes, same run)
   fp8_accuracy.txt   flash3-bench --fp8-accuracy's table (paper Table 3)
   clocks.txt         scripts/clock_summary.py's line (--import makes it from clocks.csv)
   notes.md           anything said by hand about the run, shown under the header
+  compare.json       runs from before peers*.json: SDPA's backends timed in a separate process beside
+                     flash3-bench's times; read only where there is no peers*.json
 
-Needs the standard library only, and matplotlib for the plot (without it the
-plot is left as it is, saying so).
+A sweep split over several calls (a sustained one outlasts a call) is imported
+from all of them at once, `--import A/logs.tgz --import B/logs.tgz`; where two
+hold a file of the same name, the first one's is kept.
+
+Needs the standard library only, the benchmark's python/flash3/_bench/sweep.py
+(read by its path: the regimes, their labels and merging), and matplotlib for
+the plot (without it the plot is left as it is, saying so).
 """
 import argparse
 import difflib
+import fnmatch
 import importlib.util
 import json
 import os
@@ -36,15 +47,23 @@ import tarfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT / "docs" / "perf-data"
 BENCH_FILES = ("bench.json", "bench_bwd.json", "bench_fp8.json")
-INPUT_FILES = ("gpu.txt",) + BENCH_FILES + ("bench_bwd_det.json", "ablation.json", "compare.json",
+PEERS_GLOB = "peers*.json"
+SEPARATE_PEERS = "compare.json"
+INPUT_FILES = ("gpu.txt",) + BENCH_FILES + ("bench_bwd_det.json", "ablation.json", SEPARATE_PEERS,
                                             "fp8_accuracy.txt", "clocks.txt")
 SHAPE_KEYS = ("pass", "dtype", "hdim", "causal", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv")
 PASS_ORDER = ("fwd", "bwd", "fwd+bwd")
 PASS_NAMES = {"fwd": "Forward", "bwd": "Backward", "fwd+bwd": "Forward + backward"}
 DTYPE_ORDER = ("bf16", "fp16", "e4m3")
-# (key in compare.json's rows, name in the tables); flash3 first, then the paper's order of peers.
-METHODS = (("flash3", "flash3"), ("cudnn", "cuDNN"), ("fa2", "FA2"))
-LONG_SEQLEN = 1024  # the summaries count shapes at least this long, as compare_sdpa.py does
+CUDNN = "sdpa_cudnn"
+# The benchmark's method keys in the tables' order: flash3, cuDNN (the strongest peer, the one of the ratio
+# line and the summaries), then the others.
+PEER_ORDER = ("flash3", CUDNN, "sdpa_flash", "fa3", "fa2")
+SHORT_NAMES = {"flash3": "flash3", CUDNN: "cuDNN", "sdpa_flash": "SDPA FA2", "fa3": "FA3", "fa2": "FA2"}
+COLORS = {"flash3": "#7b3294", CUDNN: "#e08214", "sdpa_flash": "#4393c3", "fa3": "#5aae61", "fa2": "#bababa"}
+LONG_SEQLEN = 1024  # the summaries count only shapes at least this long
+# flash3-bench's sweeps as device_run.sh runs them: no --gap-ms nor --load-ms.
+BENCH_REGIME = "continuous load (each shape timed right after the one before, no idle gap)"
 ABLATIONS = {
     "default": "flash3, every technique on",
     "no-pingpong": "no pingpong: the consumer warpgroups' GEMMs not ordered by named barriers (§3.1)",
@@ -58,22 +77,32 @@ NOT_MEASURED = "—"
 
 # ---- reading a run ------------------------------------------------------------
 
-def import_run(source, data):
-    """Replaces the run files in `data` with those of `source` (a logs.tgz or a folder); returns their names."""
-    source = pathlib.Path(source)
-    found = {}
+def is_run_file(name):
+    """What --import takes: the inputs, and clocks.csv (summarised into clocks.txt)."""
+    return name in INPUT_FILES + ("clocks.csv",) or fnmatch.fnmatchcase(name, PEERS_GLOB)
+
+
+def run_files(source):
+    """[(name, content)] of the run files in a logs.tgz or a folder, first-seen first."""
     if source.is_dir():
-        for name in INPUT_FILES + ("clocks.csv",):
-            if (source / name).is_file():
-                found[name] = (source / name).read_bytes()
-    else:
-        with tarfile.open(source) as tar:
-            for member in tar.getmembers():
-                name = pathlib.PurePosixPath(member.name).name
-                if member.isfile() and name in INPUT_FILES + ("clocks.csv",) and name not in found:
-                    found[name] = tar.extractfile(member).read()
+        return [(p.name, p.read_bytes()) for p in sorted(source.iterdir()) if p.is_file() and is_run_file(p.name)]
+    with tarfile.open(source) as tar:
+        return [(pathlib.PurePosixPath(m.name).name, tar.extractfile(m).read()) for m in tar.getmembers()
+                if m.isfile() and is_run_file(pathlib.PurePosixPath(m.name).name)]
+
+
+def import_run(sources, data):
+    """Replaces the run files in `data` with those of `sources` (logs.tgz files or folders); returns their names.
+
+    Where two sources hold a file of the same name, the first one's is kept.
+    """
+    found = {}
+    for source in sources:
+        for name, content in run_files(pathlib.Path(source)):
+            found.setdefault(name, content)
     if "gpu.txt" not in found:
-        raise SystemExit(f"perf_report: no gpu.txt in {source}: not a scripts/device_run.sh output")
+        raise SystemExit(f"perf_report: no gpu.txt in {', '.join(map(str, sources))}: "
+                         "not a scripts/device_run.sh output")
     if "clocks.csv" in found and "clocks.txt" not in found:
         found["clocks.txt"] = (clock_summary().summarise(found["clocks.csv"].decode().splitlines()) + "\n").encode()
     found.pop("clocks.csv", None)
@@ -81,16 +110,26 @@ def import_run(source, data):
     # Files of an earlier run must not mix with this one's, nor its hand-written notes.
     for name in INPUT_FILES + ("notes.md",):
         (data / name).unlink(missing_ok=True)
+    for path in data.glob(PEERS_GLOB):
+        path.unlink()
     for name, content in found.items():
         (data / name).write_bytes(content)
     return sorted(found)
 
 
-def clock_summary():
-    spec = importlib.util.spec_from_file_location("clock_summary", ROOT / "scripts" / "clock_summary.py")
+def module_at(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def clock_summary():
+    return module_at("clock_summary", ROOT / "scripts" / "clock_summary.py")
+
+
+# The benchmark's pure parts (standard library only): its regimes, their labels, and how runs merge.
+sweep = module_at("flash3_bench_sweep", ROOT / "python" / "flash3" / "_bench" / "sweep.py")
 
 
 def read_gpu(text):
@@ -146,49 +185,134 @@ def load(data):
     gpu = text("gpu.txt")
     if gpu is None:
         raise SystemExit(f"perf_report: {data / 'gpu.txt'} is missing (import a run with --import)")
-    run = {"gpu": read_gpu(gpu), "bench": [], "bench_files": [], "compare": js("compare.json"),
+    peers = sorted(data.glob(PEERS_GLOB))
+    run = {"gpu": read_gpu(gpu), "bench": [], "separate_peers": js(SEPARATE_PEERS),
+           "peers": [(path.name,) + sweep.read_json(path) for path in peers],
            "det": js("bench_bwd_det.json") or [], "ablation": js("ablation.json")}
     for name in BENCH_FILES:
-        entries = js(name)
-        if entries is not None:
-            run["bench"] += entries
-            run["bench_files"].append(name)
+        run["bench"] += js(name) or []
     accuracy = text("fp8_accuracy.txt")
     run["fp8_accuracy"] = parse_fp8_accuracy(accuracy) if accuracy is not None else None
     run["clocks"] = (text("clocks.txt") or "").strip()
     run["notes"] = (text("notes.md") or "").strip()
-    run["files"] = [name for name in INPUT_FILES if (data / name).is_file()]
+    run["files"] = [path.name for path in peers] + [name for name in INPUT_FILES if (data / name).is_file()]
     return run
 
 
 # ---- the numbers ----------------------------------------------------------------
+#
+# A row is one shape (SHAPE_KEYS) with an outcome per method key: {"tflops": x}, {"na": why} (the method has
+# no kernel for it) or {"failed": why}. A section holds the rows timed in one regime, never more: its title, a
+# label naming its tool and regime (for the headline and the plot), its methods as (key, name), and the
+# Markdown lines that say how it was timed.
 
 def shape_key(entry):
     return tuple(entry[k] for k in SHAPE_KEYS)
 
 
-def sweep_rows(run):
-    """One row per shape of the sweeps' default variant: flash3's median TFLOP/s and the peers from compare.json."""
+def bench_rows(entries):
+    """One row per shape of flash3-bench's default variant: flash3's median TFLOP/s, and its checks."""
     groups = {}
-    for entry in run["bench"]:
+    for entry in entries:
         if entry.get("variant", "default") == "default":
             groups.setdefault(shape_key(entry), []).append(entry)
-    peers = {}
-    if run["compare"]:
-        peers = {shape_key(r): r for r in run["compare"]["rows"]}
     rows = []
-    for key, entries in groups.items():
-        row = dict(zip(SHAPE_KEYS, key))
-        ok = [e["tflops"] for e in entries if e.get("ok", True)]
-        row["flash3"] = {"tflops": statistics.median(ok)} if ok else {"failed": "failed its reference check"}
-        for name in ("cudnn", "fa2"):
-            if run["compare"] is None:
-                row[name] = {"na": "no compare.json: SDPA's backends did not run"}
-            else:
-                row[name] = peers.get(key, {}).get(name) or {"na": "not in compare.json"}
-        row["checks"] = list(entries)
-        rows.append(row)
+    for key, checks in groups.items():
+        ok = [e["tflops"] for e in checks if e.get("ok", True)]
+        rows.append(dict(zip(SHAPE_KEYS, key), checks=list(checks),
+                         flash3={"tflops": statistics.median(ok)} if ok else {"failed": "failed its reference check"}))
     return rows
+
+
+def outcome(record):
+    """A benchmark record's outcome, as the rows hold it."""
+    if record["status"] == "ok":
+        return {"tflops": record["tflops"]}
+    return {record["status"]: record.get("note") or record["status"]}
+
+
+def peer_rows(results):
+    """One row per shape of python -m flash3.benchmark's records (its shapes have seqlen_q = seqlen_k, MHA)."""
+    rows = {}
+    for r in results:
+        shape = {"pass": r["pass"], "dtype": r["dtype"], "hdim": r["hdim"], "causal": r["causal"],
+                 "batch": r["batch"], "seqlen_q": r["seqlen"], "seqlen_k": r["seqlen"], "heads_q": r["heads"],
+                 "heads_kv": r["heads"]}
+        rows.setdefault(shape_key(shape), shape)[r["method"]] = outcome(r)
+    return list(rows.values())
+
+
+def bench_section(run):
+    """flash3-bench's own sweeps: flash3 alone, in the C++ benchmark's regime."""
+    about = ["flash3 alone, timed by the C++ benchmark `flash3-bench` (the main benchmark): the median over its timed",
+             "calls, each after an L2 flush; every shape is checked against the float32 GPU reference before it is",
+             "timed (see Accuracy). Its regime, as `scripts/device_run.sh` runs it, is no other section's:",
+             f"{BENCH_REGIME}."]
+    return {"title": "flash3-bench, the C++ benchmark", "label": f"flash3-bench, {BENCH_REGIME}",
+            "methods": (("flash3", "flash3"),), "rows": bench_rows(run["bench"]), "about": about}
+
+
+def regime_section(files):
+    """The peers*.json files of one regime, [(name, meta, results)], as one section."""
+    meta, results = sweep.merge_runs([(m, r) for _, m, r in files])
+    regime = sweep.regime_label(meta["regime"])
+    timed = {r["method"] for r in results}
+    not_run = {key: why for _, m, _ in files for key, why in m.get("not_run", {}).items() if key not in timed}
+    soft = meta.get("software", {})
+    versions = [f"PyTorch {soft.get('torch')}, CUDA {soft.get('cuda')}, cuDNN {soft.get('cudnn')}"]
+    versions += [f"{name} {soft[name]}" for name in ("flash_attn_interface", "flash_attn") if name in soft]
+    dates = sorted({m.get("date", "date not recorded") for _, m, _ in files})
+    about = ["Every method timed the same way, in one process, by `python -m flash3.benchmark`.", "",
+             f"- regime: {regime}",
+             f"- timer: {meta.get('timer', 'not recorded')}",
+             f"- checks: {meta.get('check', 'not recorded')}",
+             f"- software: {'; '.join(versions)}",
+             f"- files: {', '.join(f'`{name}`' for name, _, _ in files)} "
+             f"({' to '.join([dates[0], dates[-1]] if len(dates) > 1 else dates)})"]
+    about += [f"- not run: {sweep.METHODS.get(key, key)}: {why}" for key, why in not_run.items()]
+    methods = (("flash3", "flash3 (flash_attn_func)"),) + tuple((k, sweep.METHODS[k]) for k in PEER_ORDER[1:])
+    return {"title": f"flash3 beside its peers, {regime}", "label": f"python -m flash3.benchmark, {regime}",
+            "regime": meta["regime"]["name"], "methods": methods, "rows": peer_rows(results), "about": about}
+
+
+def separate_section(compare):
+    """compare.json, from runs before peers*.json: flash3-bench's times beside SDPA's from a separate process."""
+    # SDPA has no FP8 attention: flash3-bench's section holds the e4m3 rows.
+    rows = [dict({k: r[k] for k in SHAPE_KEYS}, flash3=r["flash3"], sdpa_cudnn=r["cudnn"], sdpa_flash=r["fa2"])
+            for r in compare["rows"] if r["dtype"] != "e4m3"]
+    about = ["From `compare.json`, written before `python -m flash3.benchmark` timed every method in one process:",
+             "flash3's times are flash3-bench's (in its regime, below), and SDPA's backends were timed after them in",
+             "a separate process: two processes, two timers, two regimes.", "",
+             f"- SDPA's timer: {compare.get('timer')}",
+             f"- software: PyTorch {compare.get('torch')}, cuDNN {compare.get('cudnn')}",
+             f"- date: {compare.get('date')}"]
+    return {"title": "flash3 beside its peers, SDPA's backends timed in a separate process",
+            "label": "flash3-bench, and SDPA's backends in a separate process", "regime": "separate",
+            "methods": (("flash3", "flash3 (flash3-bench)"), (CUDNN, sweep.METHODS[CUDNN]),
+                        ("sdpa_flash", sweep.METHODS["sdpa_flash"])),
+            "rows": rows, "about": about}
+
+
+def peer_sections(run):
+    """A section per regime of the peers*.json files, idle gaps first, shortest first; compare.json's where there
+    are none."""
+    by_regime = {}
+    for name, meta, results in run["peers"]:
+        by_regime.setdefault(sweep.regime_label(meta["regime"]), []).append((name, meta, results))
+    def order_of(label):
+        regime = by_regime[label][0][1]["regime"]
+        return regime["name"] != "gap", regime.get("gap_ms", 0.0), label
+    order = sorted(by_regime, key=order_of)
+    if order:
+        return [regime_section(by_regime[label]) for label in order]
+    return [separate_section(run["separate_peers"])] if run["separate_peers"] else []
+
+
+def headline_section(run):
+    """The README's block and the plot: the idle-gap peers where measured, else compare.json's (runs before
+    peers*.json), else flash3-bench's sweep."""
+    peers = [s for s in peer_sections(run) if s["regime"] in ("gap", "separate")]
+    return peers[0] if peers else bench_section(run)
 
 
 def tflops(result):
@@ -200,6 +324,8 @@ def fmt(value, spec=".1f"):
 
 
 def cell(result):
+    if result is None:
+        return NOT_MEASURED
     if "failed" in result:
         return "FAIL"
     if "tflops" in result:
@@ -208,7 +334,7 @@ def cell(result):
 
 
 def ratio(row, peer):
-    a, b = tflops(row["flash3"]), tflops(row[peer])
+    a, b = tflops(row.get("flash3")), tflops(row.get(peer))
     return a / b if a and b else None
 
 
@@ -260,23 +386,28 @@ def shape_settings(rows):
     return ", ".join(parts)
 
 
+def shown_methods(rows, methods):
+    """flash3, and the peers with a number somewhere in rows."""
+    return [(key, name) for key, name in methods if key == "flash3" or any(tflops(r.get(key)) for r in rows)]
+
+
 def ratio_range(rows, peer):
     values = [ratio(r, peer) for r in long_rows(rows)]
     values = [v for v in values if v is not None]
     return (min(values), max(values)) if values else None
 
 
-def summary_line(rows):
-    compared = [r for r in long_rows(rows) if tflops(r["flash3"]) and tflops(r["cudnn"])]
+def summary_line(rows, methods):
+    compared = [r for r in long_rows(rows) if ratio(r, CUDNN) is not None]
     if not compared:
         return None
-    wins = sum(ratio(r, "cudnn") > 1 for r in compared)
+    wins = sum(ratio(r, CUDNN) > 1 for r in compared)
     line = f"flash3 ahead of cuDNN on {wins} of {len(long_rows(rows))} shapes with seqlen ≥ {seqlen_label(LONG_SEQLEN)}"
     parts = []
-    for peer, name in (("cudnn", "cuDNN"), ("fa2", "FA2")):
-        span = ratio_range(rows, peer)
+    for peer, _ in methods:
+        span = ratio_range(rows, peer) if peer != "flash3" else None
         if span:
-            parts.append(f"flash3/{name} {span[0]:.2f}-{span[1]:.2f}")
+            parts.append(f"flash3/{SHORT_NAMES[peer]} {span[0]:.2f}-{span[1]:.2f}")
     return line + (f" ({', '.join(parts)} there)" if parts else "")
 
 
@@ -284,7 +415,8 @@ def reasons(rows, name):
     """Each distinct reason a method has no number, once, with its count."""
     counts = {}
     for r in rows:
-        reason = r[name].get("na") or r[name].get("failed") or r[name].get("error")
+        result = r.get(name) or {}
+        reason = result.get("na") or result.get("failed")
         if reason:
             counts[reason] = counts.get(reason, 0) + 1
     return counts
@@ -298,41 +430,52 @@ def md_table(header, body):
     return "\n".join(lines)
 
 
-def sweep_table(rows):
+def sweep_table(rows, methods):
     """Rows: head dim x mask, one line per method and flash3/cuDNN; columns: sequence lengths."""
     columns = sorted({(r["seqlen_q"], r["seqlen_k"]) for r in rows})
     groups = {}
     for r in rows:
         groups.setdefault(row_group(r), {})[(r["seqlen_q"], r["seqlen_k"])] = r
-    shown = [(key, name) for key, name in METHODS if key == "flash3" or any(tflops(r[key]) for r in rows)]
+    shown = shown_methods(rows, methods)
     gqa = any(g[2] != 1 for g in groups)
     header = ["hdim", "causal"] + (["heads"] if gqa else []) + ["method"] + [column_label(c) for c in columns]
     body = []
     for group in sorted(groups):
         label = group_label(group, gqa)
-        lines = [(name, lambda r, key=key: cell(r[key])) for key, name in shown]
-        if any(key == "cudnn" for key, _ in shown):
-            lines.append(("flash3/cuDNN", lambda r: fmt(ratio(r, "cudnn"), ".2f")))
+        lines = [(name, lambda r, key=key: cell(r.get(key))) for key, name in shown]
+        if any(key == CUDNN for key, _ in shown):
+            lines.append(("flash3/cuDNN", lambda r: fmt(ratio(r, CUDNN), ".2f")))
         for i, (name, show) in enumerate(lines):
             cells = [show(groups[group][c]) if c in groups[group] else NOT_MEASURED for c in columns]
             body.append((label if i == 0 else [""] * len(label)) + [name if i else f"**{name}**"] + cells)
-    return md_table(header, body), [name for key, name in METHODS if (key, name) not in shown]
+    return md_table(header, body), [name for key, name in methods if (key, name) not in shown]
 
 
-def sweep_section(key, rows):
+def table_section(key, rows, methods):
     pass_, dtype = key
-    table, missing = sweep_table(rows)
-    out = [f"## {PASS_NAMES.get(pass_, pass_)}, {dtype}", ""]
+    table, missing = sweep_table(rows, methods)
+    out = [f"### {PASS_NAMES.get(pass_, pass_)}, {dtype}", ""]
     settings = shape_settings(rows)
     out += [f"TFLOP/s by sequence length{' (' + settings + ')' if settings else ''}.", "", table, ""]
-    line = summary_line(rows)
+    line = summary_line(rows, methods)
     if line:
         out += [line + ".", ""]
-    for key_, name in METHODS:
+    for key_, name in methods:
         for reason, n in reasons(rows, key_).items():
             out.append(f"- {name}{' (left out)' if name in missing else ''}: no number on {n} shape(s): {reason}")
     if out[-1].startswith("- "):
         out.append("")
+    return out
+
+
+def section_lines(section):
+    """A section's heading, how it was timed, and a table per (pass, dtype)."""
+    out = [f"## {section['title']}", ""] + section["about"] + [""]
+    by_table = tables(section["rows"])
+    if not by_table:
+        out += ["Not measured in this run.", ""]
+    for key, rows in by_table.items():
+        out += table_section(key, rows, section["methods"])
     return out
 
 
@@ -350,7 +493,8 @@ def deterministic_section(run, rows):
                      fmt(own / base if own and base else None, ".2f")])
     header = ["hdim", "causal", "seqlen", "deterministic TFLOP/s", "default TFLOP/s", "ratio"]
     return ["## Backward, deterministic mode", "",
-            "`BackwardArgs::deterministic` (dQ bitwise the same across runs) against the default backward above.",
+            "`BackwardArgs::deterministic` (dQ bitwise the same across runs) against flash3-bench's default backward",
+            "above, in its regime.",
             "", md_table(header, body), ""]
 
 
@@ -419,8 +563,7 @@ def accuracy_section(run, rows):
     return out + [md_table(header, body), ""]
 
 
-def describe_device(gpu, compare):
-    name = gpu.get("name") or (compare or {}).get("device") or "not recorded"
+def describe_device(gpu):
     details = []
     if gpu.get("clock_sm"):
         details.append(f"SM clock {gpu['clock_sm']} at start, {gpu['clock_max_sm']} max")
@@ -428,59 +571,60 @@ def describe_device(gpu, compare):
         details.append(f"power limit {gpu['power_limit']}")
     if gpu.get("driver"):
         details.append(f"driver {gpu['driver']}")
-    return name + (f" ({', '.join(details)})" if details else "")
+    return gpu.get("name", "not recorded") + (f" ({', '.join(details)})" if details else "")
 
 
-def header_section(run, data_label, plot_name):
-    gpu, compare = run["gpu"], run["compare"]
-    date = gpu.get("date") or (compare or {}).get("date") or "not recorded"
-    info = [["device", describe_device(gpu, compare)], ["date", date],
+def header_section(run, data_label, plot_name, plotted):
+    gpu = run["gpu"]
+    info = [["device", describe_device(gpu)], ["date", gpu.get("date", "not recorded")],
             ["commit", gpu.get("commit", "not recorded")],
             ["command", f"`{gpu['command']}`" if gpu.get("command") else "not recorded"]]
-    if compare:
-        info.append(["peers", f"PyTorch {compare.get('torch')} SDPA, FLASH_ATTENTION (FlashAttention-2) and "
-                              f"CUDNN_ATTENTION (cuDNN {compare.get('cudnn')}); timed by {compare.get('timer')}"])
     if run["clocks"]:
         info.append(["clocks", run["clocks"]])
-    results = [n for n in INPUT_FILES if n not in ("gpu.txt", "clocks.txt")]
-    info.append(["files", ", ".join(f"`{n}`" for n in results if n in run["files"]) or "none"])
-    absent = [n for n in results if n not in run["files"]]
+    results = [n for n in run["files"] if n not in ("gpu.txt", "clocks.txt")]
+    info.append(["files", ", ".join(f"`{n}`" for n in results) or "none"])
+    # compare.json stands in for peers*.json, from runs before them: absent, it is no gap in a run.
+    absent = [] if run["peers"] else [PEERS_GLOB]
+    absent += [n for n in INPUT_FILES if n not in run["files"] + ["gpu.txt", "clocks.txt", SEPARATE_PEERS]]
     if absent:
         info.append(["not in this run", ", ".join(f"`{n}`" for n in absent)])
     out = ["# flash3 performance", "",
            f"Generated by `scripts/perf_report.py` from one GPU run's files in `{data_label}/`; do not edit by",
            "hand. Regenerate with `python3 scripts/perf_report.py` (`--import OUT/logs.tgz` to take a new run of",
-           "`scripts/device_run.sh`). How the numbers came to be, run by run: [performance-log.md](performance-log.md).",
+           "`scripts/device_run.sh`, once per call of a run over several). How the numbers came to be, run by run:",
+           "[performance-log.md](performance-log.md).",
            "", md_table(["", ""], info), ""]
     if run["notes"]:
         out += [run["notes"], ""]
-    out += ["TFLOP/s = 4 · seqlen_q · seqlen_k · hdim · heads · batch (halved for causal, × 2.5 for the backward) /",
-            "time, the FlashAttention papers' count, for every method. flash3's time is `flash3-bench`'s median over",
-            "its timed calls, each after an L2 flush; every shape is checked against the reference before it is",
-            "timed (see Accuracy). cuDNN and FA2 are PyTorch SDPA's backends on the same shapes in the same run",
-            "(`bench/compare_sdpa.py`); n/a: the backend has no kernel for that shape.", ""]
+    out += ["TFLOP/s = 4 · seqlen_q · seqlen_k · hdim · heads · batch (halved for causal, × 2.5 for the backward,",
+            "× 3.5 for forward + backward) / time, the FlashAttention papers' count, for every method. The",
+            "power-capped card runs several percent faster after idle gaps than under continuous load, so each",
+            "section holds the numbers of one regime, named in its heading, and numbers compare within a section",
+            "only. n/a: the method has no kernel for that shape.", ""]
     if plot_name:
-        out += [f"![TFLOP/s against sequence length, per method]({plot_name})", ""]
+        out += [f"![TFLOP/s against sequence length, per method]({plot_name})", "", f"Plotted: {plotted}.", ""]
     return out
 
 
 def report(run, data_label, plot_name):
-    rows = sweep_rows(run)
-    out = header_section(run, data_label, plot_name)
-    by_table = tables(rows)
-    if not by_table:
-        out += ["No sweep in this run (none of " + ", ".join(BENCH_FILES) + ").", ""]
-    for key, table_rows in by_table.items():
-        out += sweep_section(key, table_rows)
-    out += deterministic_section(run, rows)
+    bench = bench_section(run)
+    out = header_section(run, data_label, plot_name, headline_section(run)["label"])
+    peers = peer_sections(run)
+    if not peers:
+        out += ["## flash3 beside its peers", "", f"Not measured in this run (no `{PEERS_GLOB}`).", ""]
+    for section in peers + [bench]:
+        out += section_lines(section)
+    out += deterministic_section(run, bench["rows"])
     out += ablation_section(run)
-    out += accuracy_section(run, rows)
+    out += accuracy_section(run, bench["rows"])
     return "\n".join(out).rstrip() + "\n"
 
 
 def headline(run, doc_link, plot_link):
     """README's block: each pass and dtype at its longest sequence length, and the plot."""
-    rows = sweep_rows(run)
+    section = headline_section(run)
+    rows = section["rows"]
+    shown = shown_methods(rows, section["methods"])
     body, longest = [], set()
     for (pass_, dtype), table_rows in tables(rows).items():
         seqlen = max(r["seqlen_q"] for r in table_rows)
@@ -490,21 +634,21 @@ def headline(run, doc_link, plot_link):
             cells = [f"{PASS_NAMES.get(pass_, pass_).lower()}, {dtype}", hdim]
             for causal in (False, True):
                 r = at.get((hdim, causal, 1))
-                cells += [cell(r[key]) if r else NOT_MEASURED for key, _ in METHODS]
+                cells += [cell(r.get(key)) if r else NOT_MEASURED for key, _ in shown]
             body.append(cells)
     gpu = run["gpu"]
-    date = gpu.get("date") or (run["compare"] or {}).get("date") or "date not recorded"
     settings = shape_settings(rows)
     out = [BEGIN,
            f"TFLOP/s at sequence length {', '.join(seqlen_label(s) for s in sorted(longest)) or NOT_MEASURED}"
-           f"{' (' + settings + ')' if settings else ''},",
-           f"{gpu.get('name', 'device not recorded')}, commit {gpu.get('commit', 'not recorded')}, {date}.",
-           f"Every sequence length, the ablation and the accuracy: [{doc_link}]({doc_link}).", ""]
-    header = ["pass", "hdim"] + [f"{name}{' causal' if causal else ''}" for causal in (False, True)
-                                 for _, name in METHODS]
+           f"{' (' + settings + ')' if settings else ''},", f"timed by {section['label']};",
+           f"{gpu.get('name', 'device not recorded')}, commit {gpu.get('commit', 'not recorded')}, "
+           f"{gpu.get('date', 'date not recorded')}.",
+           f"Every sequence length, every regime, the ablation and the accuracy: [{doc_link}]({doc_link}).", ""]
+    header = ["pass", "hdim"] + [f"{SHORT_NAMES[key]}{' causal' if causal else ''}" for causal in (False, True)
+                                 for key, _ in shown]
     out += [md_table(header, body), ""]
     for key, table_rows in tables(rows).items():
-        line = summary_line(table_rows)
+        line = summary_line(table_rows, section["methods"])
         if line:
             out.append(f"- {PASS_NAMES.get(key[0], key[0]).lower()}, {key[1]}: {line}.")
     if out[-1].startswith("- "):
@@ -524,7 +668,7 @@ def replace_block(text, block):
 
 # ---- the plot ---------------------------------------------------------------------------
 
-def write_plot(rows, path):
+def write_plot(section, title, path):
     """Paper Figure 5's layout: a panel per (pass, dtype, mask) and head dim, bars per method by seqlen.
 
     Returns None, or why no plot was written.
@@ -536,15 +680,16 @@ def write_plot(rows, path):
     except ImportError as e:
         return f"matplotlib not importable ({e})"
     panels = {}
-    for (pass_, dtype), table_rows in tables(rows).items():
+    for (pass_, dtype), table_rows in tables(section["rows"]).items():
         for r in table_rows:
             hdim, causal, gqa = row_group(r)
             panels.setdefault((pass_, dtype, causal, gqa), {}).setdefault(hdim, []).append(r)
     if not panels:
         return "no sweep to plot"
     hdims = sorted({h for by_hdim in panels.values() for h in by_hdim})
-    fig, axes = plt.subplots(len(panels), len(hdims), figsize=(4.2 * len(hdims), 2.7 * len(panels)), squeeze=False)
-    colors = {"flash3": "#7b3294", "cudnn": "#e08214", "fa2": "#4393c3"}
+    header_in = 0.6  # inches above the panels: the title, then the legend
+    height = 2.7 * len(panels) + header_in
+    fig, axes = plt.subplots(len(panels), len(hdims), figsize=(4.2 * len(hdims), height), squeeze=False)
     for i, ((pass_, dtype, causal, gqa), by_hdim) in enumerate(panels.items()):
         for j, hdim in enumerate(hdims):
             ax = axes[i][j]
@@ -554,11 +699,12 @@ def write_plot(rows, path):
                 continue
             columns = sorted({(r["seqlen_q"], r["seqlen_k"]) for r in mine})
             at = {(r["seqlen_q"], r["seqlen_k"]): r for r in mine}
-            shown = [(m, n) for m, n in METHODS if any(tflops(r[m]) for r in mine)]
+            shown = [(m, n) for m, n in section["methods"] if any(tflops(r.get(m)) for r in mine)]
             width = 0.8 / max(len(shown), 1)
             for k, (method, name) in enumerate(shown):
                 xs = [x + (k - (len(shown) - 1) / 2) * width for x in range(len(columns))]
-                ax.bar(xs, [tflops(at[c][method]) or 0 for c in columns], width, label=name, color=colors[method])
+                ax.bar(xs, [tflops(at[c].get(method)) or 0 for c in columns], width, label=name,
+                       color=COLORS[method])
             ax.set_xticks(range(len(columns)))
             ax.set_xticklabels([column_label(c) for c in columns], fontsize=8)
             ax.tick_params(axis="y", labelsize=8)
@@ -575,8 +721,10 @@ def write_plot(rows, path):
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=len(handles), frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / (2.7 * len(panels))))
+    fig.suptitle(title, fontsize=10, y=1 - 0.08 / height)
+    fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=len(handles), frameon=False,
+               bbox_to_anchor=(0.5, 1 - 0.3 / height))
+    fig.tight_layout(rect=(0, 0, 1, 1 - header_in / height))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90, metadata={"Software": None})
     plt.close(fig)
@@ -604,6 +752,12 @@ def outputs(run, data, out, plot, readme):
     return md, new_readme
 
 
+def plot(run, path):
+    """The headline's section as a plot, titled with the device, the tool and the regime."""
+    section = headline_section(run)
+    return write_plot(section, f"{run['gpu'].get('name', 'device not recorded')}: {section['label']}", path)
+
+
 def differs(path, expected):
     actual = path.read_text() if path.is_file() else ""
     if actual == expected:
@@ -617,8 +771,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data", nargs="?", type=pathlib.Path, default=DEFAULT_DATA,
                         help="the run's files (default docs/perf-data)")
-    parser.add_argument("--import", dest="source", type=pathlib.Path,
-                        help="first replace the data folder's files with this run's (logs.tgz or a folder)")
+    parser.add_argument("--import", dest="sources", type=pathlib.Path, action="append", metavar="SOURCE",
+                        help="first replace the data folder's files with this run's (a logs.tgz or a folder; once "
+                             "per call of a run split over calls: where two hold a file of the same name, the "
+                             "first one's)")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "docs" / "performance.md")
     parser.add_argument("--plot", type=pathlib.Path, default=ROOT / "docs" / "performance.png")
     parser.add_argument("--readme", type=pathlib.Path, default=ROOT / "README.md",
@@ -629,8 +785,8 @@ def main(argv=None):
                         help="write nothing; exit 1 where the Markdown or the README's block differ from the data")
     args = parser.parse_args(argv)
     readme = None if args.no_readme else args.readme
-    if args.source:
-        names = import_run(args.source, args.data)
+    if args.sources:
+        names = import_run(args.sources, args.data)
         print(f"perf_report: {label_of(args.data)}/ now holds {', '.join(names)}")
     run = load(args.data)
     md, new_readme = outputs(run, args.data, args.out, args.plot, readme)
@@ -643,7 +799,7 @@ def main(argv=None):
     args.out.write_text(md)
     if readme:
         readme.write_text(new_readme)
-    why_not = "--no-plot" if args.no_plot else write_plot(sweep_rows(run), args.plot)
+    why_not = "--no-plot" if args.no_plot else plot(run, args.plot)
     if why_not:
         print(f"perf_report: no plot written: {why_not}", file=sys.stderr)
     print(f"perf_report: wrote {label_of(args.out)}" + ("" if why_not else f", {label_of(args.plot)}")

@@ -3,6 +3,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tarfile
@@ -21,9 +22,15 @@ def module(name, path):
 
 
 pr = module("perf_report", SCRIPT)
-cs = module("compare_sdpa", ROOT / "bench" / "compare_sdpa.py")
+sweep = module("flash3_bench_sweep", ROOT / "python" / "flash3" / "_bench" / "sweep.py")
 
 SEQLENS = (1024, 4096)
+GAP = {"name": "gap", "gap_ms": 50.0, "scope": "sample"}
+SUSTAINED = {"name": "sustained", "load_s": 2.0}
+GAP_TITLE = "flash3 beside its peers, idle gap: the GPU idle 50 ms before every sample"
+SUSTAINED_TITLE = "flash3 beside its peers, sustained: each shape under continuous load for at least 2 s, then timed"
+NO_KERNEL = "No available kernel. Aborting execution."
+WRONG_DQ = "dQ: max error 1.2e-01 > 2 x 3.0e-02 + eps"
 
 
 def flash3_json(entries):
@@ -45,7 +52,7 @@ def entry(pass_, dtype, hdim, causal, seqlen, tflops, variant="default", ok=True
     shape = {"pass": pass_, "variant": variant, "dtype": dtype, "hdim": hdim, "causal": causal,
              "batch": 16384 // seqlen, "seqlen_q": seqlen, "seqlen_k": seqlen, "heads_q": 2048 // hdim,
              "heads_kv": 2048 // hdim}
-    ms = cs.shape_flops(shape) / (tflops * 1e12) * 1e3
+    ms = sweep.attention_flops(pass_, hdim, causal, shape["batch"], seqlen, shape["heads_q"]) / (tflops * 1e12) * 1e3
     return dict(shape, ms=ms, tflops=tflops, max_err=max_err, ref_err=ref_err, ok=ok)
 
 
@@ -54,13 +61,56 @@ def fwd_tflops(hdim, causal, seqlen):
     return 400.0 + hdim + (10 if causal else 0) + SEQLENS.index(seqlen)
 
 
-def sweep(pass_, dtype, offset=0.0):
+def bench_sweep(pass_, dtype, offset=0.0):
     out = []
     for hdim in (64, 128):
         for causal in (False, True):
             for seqlen in SEQLENS:
                 out.append(entry(pass_, dtype, hdim, causal, seqlen, fwd_tflops(hdim, causal, seqlen) + offset))
     return out
+
+
+def timed(shape, method, tflops):
+    """The benchmark's record of a method that ran at the given TFLOP/s."""
+    ms = sweep.shape_flops(shape) / (tflops * 1e12) * 1e3
+    return sweep.ok_result(shape, method, [ms, ms * 1.01, ms * 0.99], {"max_err": 1e-3, "ref_err": 2e-3},
+                           {"sm_mhz": 1980.0, "power_w": 500.0})
+
+
+def peer_records(pass_, offset):
+    """python -m flash3.benchmark's records: flash3 at fwd_tflops + offset, cuDNN at 0.8 and SDPA FA2 at 0.5 of it;
+    cuDNN without a kernel for hdim 64 causal; flash3's backward wrong at hdim 64, no mask, 1k."""
+    results = []
+    for shape in sweep.paper_sweep((pass_,), (64, 128), SEQLENS):
+        mine = fwd_tflops(shape["hdim"], shape["causal"], shape["seqlen"]) + offset
+        if (pass_, shape["hdim"], shape["causal"], shape["seqlen"]) == ("bwd", 64, False, 1024):
+            results.append(sweep.failed_result(shape, "flash3", WRONG_DQ, {"max_err": 0.12, "ref_err": 0.03}))
+        else:
+            results.append(timed(shape, "flash3", mine))
+        if (shape["hdim"], shape["causal"]) == (64, True):
+            results.append(sweep.na_result(shape, "sdpa_cudnn", NO_KERNEL))
+        else:
+            results.append(timed(shape, "sdpa_cudnn", mine * 0.8))
+        results.append(timed(shape, "sdpa_flash", mine * 0.5))
+    return results
+
+
+def peers_meta(regime, date):
+    """The meta of python -m flash3.benchmark --json, FA3 and FA2 not importable."""
+    return {"tool": "python -m flash3.benchmark", "argv": ["--pass", "fwd"], "date": date, "regime": regime,
+            "timer": "CUDA events around each call, a 256 MB write before each sample (L2 flush), median of 10 "
+                     "samples after 3 warm-up calls",
+            "check": "against a float32 reference on batch 0, heads 0-1, every shape",
+            "device": {"name": "NVIDIA H100 80GB HBM3", "sms": 132},
+            "software": {"python": "3.11.9", "torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": 91900},
+            "methods": {m: sweep.METHODS[m] for m in ("flash3", "sdpa_flash", "sdpa_cudnn")},
+            "not_run": {"fa3": "No module named 'flash_attn_interface'", "fa2": "No module named 'flash_attn'"}}
+
+
+def write_peers(folder, name, regime, passes, offset, date="2026-12-01T10:20:00+00:00"):
+    """As device_run.sh's stages compare and sustained: a file per pass."""
+    for pass_ in passes:
+        sweep.write_json(folder / f"{name}_{pass_}.json", peers_meta(regime, date), peer_records(pass_, offset))
 
 
 FP8_ACCURACY = """device: NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)
@@ -75,23 +125,21 @@ FP8_ACCURACY = """device: NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)
 """
 
 
-def write_run(folder, fp8=True):
-    """A whole scripts/device_run.sh $OUT: gpu.txt, the sweeps, the peers, the ablation, FP8 accuracy, clocks."""
+def write_run(folder, fp8=True, peers=True):
+    """A whole scripts/device_run.sh $OUT: gpu.txt, the sweeps, the peers in both regimes, the ablation, FP8
+    accuracy, clocks."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "gpu.txt").write_text("NVIDIA H100 80GB HBM3, 1755 MHz, 1980 MHz, 700.00 W, 580.159.04\n"
                                     "commit abc1234\n+dirty\ndate 2026-12-01 10:00 UTC\n"
-                                    "command scripts/device_run.sh bench bwd fp8 ablation compare\n")
-    fwd = sweep("fwd", "bf16")
+                                    "command scripts/device_run.sh bench bwd fp8 ablation compare sustained\n")
+    fwd = bench_sweep("fwd", "bf16")
     fwd.append(entry("fwd", "bf16", 128, False, 4096, 1.0, variant="no-pingpong"))  # not a default row: ignored
-    bwd = sweep("bwd", "bf16", offset=-100.0)
+    bwd = bench_sweep("bwd", "bf16", offset=-100.0)
     bwd[0] = dict(bwd[0], ok=False)  # hdim 64 no mask 1k fails its check: FAIL
     (folder / "bench.json").write_text(flash3_json(fwd))
     (folder / "bench_bwd.json").write_text(flash3_json(bwd))
-    files = [fwd, bwd]
     if fp8:
-        e4m3 = sweep("fwd", "e4m3", offset=300.0)
-        (folder / "bench_fp8.json").write_text(flash3_json(e4m3))
-        files.append(e4m3)
+        (folder / "bench_fp8.json").write_text(flash3_json(bench_sweep("fwd", "e4m3", offset=300.0)))
     det = [entry("bwd", "bf16", 128, False, 4096, fwd_tflops(128, False, 4096) - 100.0 - 56.0,
                  variant="deterministic")]
     (folder / "bench_bwd_det.json").write_text(flash3_json(det))
@@ -102,28 +150,18 @@ def write_run(folder, fp8=True):
             e = entry("fwd", "bf16", 128, False, 1024, t + 2 * round_, variant=variant)
             ablation.append(dict(e, batch=4, seqlen_q=8448, seqlen_k=8448, heads_q=16, heads_kv=16))
     (folder / "ablation.json").write_text(flash3_json(ablation))
-    # The peers as compare_sdpa.py writes them: its own grouping, cuDNN at 0.8 and FA2 at 0.5 of flash3,
-    # cuDNN without a kernel for hdim 64 causal, SDPA's reason for e4m3.
-    rows = cs.group_shapes([e for f in files for e in f])
-    for row in rows:
-        skip = cs.peer_skip_reason(row)
-        if skip:
-            row.update(fa2={"na": skip}, cudnn={"na": skip})
-            continue
-        if "ms" not in row["flash3"]:
-            row.update(fa2={"na": "x"}, cudnn={"na": "x"})
-            continue
-        row["fa2"] = cs.measured(row, row["flash3"]["ms"] / 0.5)
-        row["cudnn"] = (cs.measured(row, row["flash3"]["ms"] / 0.8) if (row["hdim"], row["causal"]) != (64, True)
-                        else {"na": "No available kernel. Aborting execution."})
-    header = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cudnn": 91900,
-              "date": "2026-12-01T10:05+00:00", "timer": "triton.testing.do_bench median"}
-    (folder / "compare.json").write_text(json.dumps({**header, "rows": rows}, indent=1))
+    if peers:
+        # Idle gaps: flash3 2 TFLOP/s above flash3-bench; sustained: 20 below, the forward only (a later call
+        # would bring the backward).
+        write_peers(folder, "peers", GAP, ("fwd",), 2.0, date="2026-12-01T10:05:00+00:00")
+        write_peers(folder, "peers", GAP, ("bwd",), -98.0, date="2026-12-01T10:09:00+00:00")
+        write_peers(folder, "peers_sustained", SUSTAINED, ("fwd",), -20.0)
     (folder / "fp8_accuracy.txt").write_text(FP8_ACCURACY)
     (folder / "clocks.csv").write_text("".join(
         f"2026/12/01 10:00:0{i}.000, {mhz} MHz, {watts} W, 55, 0x0000000000000004\n"
         for i, (mhz, watts) in enumerate(((1980, 80.0), (1755, 650.0), (1980, 400.0)))))
     (folder / "bench.txt").write_text("not an input\n")
+    (folder / "peers.txt").write_text("not an input\n")
     return folder
 
 
@@ -143,7 +181,8 @@ def generate(tmp_path, source, *extra, env=None, plot=False):
     args = [sys.executable, str(SCRIPT), str(data), "--out", str(docs / "performance.md"),
             "--plot", str(docs / "performance.png"), "--readme", str(readme)]
     if source is not None:
-        args += ["--import", str(source)]
+        for each in source if isinstance(source, list) else [source]:
+            args += ["--import", str(each)]
     if not plot:
         args.append("--no-plot")
     done = subprocess.run(args + list(extra), capture_output=True, text=True, env=env)
@@ -163,7 +202,7 @@ def test_import_keeps_the_inputs_only_and_summarises_the_clocks(generated):
     data, _, _, _, _ = generated
     assert sorted(p.name for p in data.iterdir()) == sorted(
         ["gpu.txt", "bench.json", "bench_bwd.json", "bench_fp8.json", "bench_bwd_det.json", "ablation.json",
-         "compare.json", "fp8_accuracy.txt", "clocks.txt"])
+         "peers_fwd.json", "peers_bwd.json", "peers_sustained_fwd.json", "fp8_accuracy.txt", "clocks.txt"])
     assert (data / "clocks.txt").read_text().startswith("clocks under load (2 samples): SM 1755-1980 MHz")
 
 
@@ -174,63 +213,100 @@ def test_header(generated):
            "driver 580.159.04) |" in md
     assert "| date | 2026-12-01 10:00 UTC |" in md
     assert "| commit | abc1234 +dirty |" in md
-    assert "| command | `scripts/device_run.sh bench bwd fp8 ablation compare` |" in md
-    assert "PyTorch 2.11.0+cu130 SDPA" in md and "cuDNN 91900" in md
+    assert "| command | `scripts/device_run.sh bench bwd fp8 ablation compare sustained` |" in md
+    assert "| files | `peers_bwd.json`, `peers_fwd.json`, `peers_sustained_fwd.json`, `bench.json`," in md
     assert "| clocks | clocks under load (2 samples)" in md
-    assert "not in this run" not in md
+    assert "not in this run" not in md and "compare.json" not in md
     assert "[performance-log.md](performance-log.md)" in md
     assert "![TFLOP/s against sequence length, per method](performance.png)" in md
+    assert "Plotted: python -m flash3.benchmark, idle gap: the GPU idle 50 ms before every sample." in md
 
 
 def section(md, title):
-    start = md.index(f"\n## {title}\n")
-    end = md.find("\n## ", start + 1)
-    return md[start:end if end >= 0 else len(md)]
+    """From a heading to the next one of its level or above."""
+    level = len(title.split(" ")[0])
+    start = md.index(f"\n{title}\n")
+    ends = (start + 1 + m.start() for m in re.finditer(r"\n(#+) ", md[start + 1:]) if len(m.group(1)) <= level)
+    return md[start:next(ends, len(md))]
 
 
-def test_one_table_per_pass_and_dtype_in_order(generated):
+def test_a_section_per_regime_then_flash3_bench_each_with_a_table_per_pass_and_dtype(generated):
     md = generated[3]
-    titles = [line for line in md.splitlines() if line.startswith("## ")]
-    assert titles == ["## Forward, bf16", "## Forward, e4m3", "## Backward, bf16", "## Backward, deterministic mode",
-                      "## Ablation (paper Table 2)", "## Accuracy"]
+    titles = [line for line in md.splitlines() if line.startswith("## ") or line.startswith("### ")]
+    assert titles == [f"## {GAP_TITLE}", "### Forward, bf16", "### Backward, bf16",
+                      f"## {SUSTAINED_TITLE}", "### Forward, bf16",
+                      "## flash3-bench, the C++ benchmark", "### Forward, bf16", "### Forward, e4m3",
+                      "### Backward, bf16",
+                      "## Backward, deterministic mode", "## Ablation (paper Table 2)", "## Accuracy",
+                      "### FP8 (paper Table 3)"]
 
 
-def test_forward_table_cells(generated):
-    fwd = section(generated[3], "Forward, bf16")
+def test_idle_gap_forward_table(generated):
+    gap = section(generated[3], f"## {GAP_TITLE}")
+    assert "Every method timed the same way, in one process, by `python -m flash3.benchmark`." in gap
+    assert "- regime: idle gap: the GPU idle 50 ms before every sample" in gap
+    assert "- software: PyTorch 2.11.0+cu130, CUDA 13.0, cuDNN 91900" in gap
+    # The two calls' files merge into one section.
+    assert "- files: `peers_bwd.json`, `peers_fwd.json` " \
+           "(2026-12-01T10:05:00+00:00 to 2026-12-01T10:09:00+00:00)" in gap
+    assert "- not run: flash_attn_interface (FA3): No module named 'flash_attn_interface'" in gap
+    fwd = section(gap, "### Forward, bf16")
     assert "TFLOP/s by sequence length (batch = 16384 / seqlen, heads = 2048 / hdim)." in fwd
     assert "| hdim | causal | method | 1k | 4k |" in fwd
     lines = fwd.splitlines()
-    i = lines.index("| 128 | no | **flash3** | 528.0 | 529.0 |")
-    assert lines[i + 1:i + 4] == ["|  |  | cuDNN | 422.4 | 423.2 |", "|  |  | FA2 | 264.0 | 264.5 |",
+    i = lines.index("| 128 | no | **flash3 (flash_attn_func)** | 530.0 | 531.0 |")
+    assert lines[i + 1:i + 4] == ["|  |  | SDPA cuDNN | 424.0 | 424.8 |",
+                                  "|  |  | SDPA FlashAttention-2 | 265.0 | 265.5 |",
                                   "|  |  | flash3/cuDNN | 1.25 | 1.25 |"]
     # hdim 64 causal: cuDNN has no kernel, so n/a and no ratio; the reason is said once.
-    i = lines.index("| 64 | yes | **flash3** | 474.0 | 475.0 |")
-    assert lines[i + 1] == "|  |  | cuDNN | n/a | n/a |"
+    i = lines.index("| 64 | yes | **flash3 (flash_attn_func)** | 476.0 | 477.0 |")
+    assert lines[i + 1] == "|  |  | SDPA cuDNN | n/a | n/a |"
     assert lines[i + 3] == "|  |  | flash3/cuDNN | — | — |"
-    assert "- cuDNN: no number on 2 shape(s): No available kernel. Aborting execution." in fwd
+    assert f"- SDPA cuDNN: no number on 2 shape(s): {NO_KERNEL}" in fwd
     assert "flash3 ahead of cuDNN on 6 of 8 shapes with seqlen ≥ 1k (flash3/cuDNN 1.25-1.25, " \
-           "flash3/FA2 2.00-2.00 there)." in fwd
-    assert "no-pingpong" not in fwd
+           "flash3/SDPA FA2 2.00-2.00 there)." in fwd
+    assert "FA3" not in fwd and "flash_attn (FA2)" not in fwd
 
 
-def test_failed_shape_and_fp8_without_peers(generated):
+def test_failed_flash3_row(generated):
+    bwd = section(section(generated[3], f"## {GAP_TITLE}"), "### Backward, bf16")
+    lines = bwd.splitlines()
+    i = lines.index("| 64 | no | **flash3 (flash_attn_func)** | FAIL | 367.0 |")
+    assert lines[i + 3] == "|  |  | flash3/cuDNN | — | 1.25 |"
+    assert f"- flash3 (flash_attn_func): no number on 1 shape(s): {WRONG_DQ}" in bwd
+    assert "flash3 ahead of cuDNN on 5 of 8 shapes" in bwd
+
+
+def test_sustained_section_stands_alone(generated):
     md = generated[3]
-    bwd = section(md, "Backward, bf16")
-    assert "| 64 | no | **flash3** | FAIL | 365.0 |" in bwd
-    assert "- flash3: no number on 1 shape(s): failed its reference check" in bwd
-    fp8 = section(md, "Forward, e4m3")
-    assert "| 128 | no | **flash3** | 828.0 | 829.0 |" in fp8
-    assert "cuDNN |" not in fp8 and "FA2 |" not in fp8 and "flash3/cuDNN" not in fp8
-    assert "- cuDNN (left out): no number on 8 shape(s): SDPA has no e4m3 attention" in fp8
+    sustained = section(md, f"## {SUSTAINED_TITLE}")
+    assert "- regime: sustained: each shape under continuous load for at least 2 s, then timed" in sustained
+    assert "- files: `peers_sustained_fwd.json` (2026-12-01T10:20:00+00:00)" in sustained
+    assert "| 128 | no | **flash3 (flash_attn_func)** | 508.0 | 509.0 |" in sustained
+    assert "530.0" not in sustained and "Backward" not in sustained
+    assert "508.0" not in section(md, f"## {GAP_TITLE}")
+
+
+def test_flash3_bench_section_has_no_peers(generated):
+    bench = section(generated[3], "## flash3-bench, the C++ benchmark")
+    assert "continuous load (each shape timed right after the one before, no idle gap)" in bench
+    fwd = section(bench, "### Forward, bf16")
+    lines = fwd.splitlines()
+    i = lines.index("| 128 | no | **flash3** | 528.0 | 529.0 |")
+    assert lines[i + 1].startswith("| 128 | yes | **flash3** |")
+    assert "SDPA" not in bench and "cuDNN" not in bench and "no-pingpong" not in bench
+    assert "| 64 | no | **flash3** | FAIL | 365.0 |" in section(bench, "### Backward, bf16")
+    assert "- flash3: no number on 1 shape(s): failed its reference check" in bench
+    assert "| 128 | no | **flash3** | 828.0 | 829.0 |" in section(bench, "### Forward, e4m3")
 
 
 def test_deterministic_against_default(generated):
-    det = section(generated[3], "Backward, deterministic mode")
+    det = section(generated[3], "## Backward, deterministic mode")
     assert "| 128 | no | 4k | 373.0 | 429.0 | 0.87 |" in det
 
 
 def test_ablation(generated):
-    abl = section(generated[3], "Ablation (paper Table 2)")
+    abl = section(generated[3], "## Ablation (paper Table 2)")
     assert "fwd, bf16, batch 4, seqlen 8448, 16 heads, hdim 128, non-causal" in abl
     assert "| `default` | flash3, every technique on | 602.0 | 600.0-604.0 | 1.000 | 3 of 3 |" in abl
     assert "| `no-warp-specialization` | " in abl and "| 482.0 | 480.0-484.0 | 0.801 | 3 of 3 |" in abl
@@ -240,7 +316,7 @@ def test_ablation(generated):
 
 
 def test_accuracy(generated):
-    acc = section(generated[3], "Accuracy")
+    acc = section(generated[3], "## Accuracy")
     assert "| fwd | bf16 | 128 | yes | 2 of 2 | 1.00e-03 | 2.00e-03 | 0.50 |" in acc
     assert "| bwd | bf16 | 64 | no | 1 of 2 |" in acc
     assert "| 128 | e4m3 per-block + hadamard (flash3) | 8.70e-03 | 2.30x lower | 2.76x lower |" in acc
@@ -248,15 +324,17 @@ def test_accuracy(generated):
     assert "| 256 | e4m3 per-block (no incoherent processing) | FAIL: unsupported |  |  |" in acc
 
 
-def test_readme_block(generated):
+def test_readme_block_from_the_idle_gap_peers(generated):
     _, _, readme, _, _ = generated
     text = readme.read_text()
     assert text.startswith("# project\n\nintro\n\n" + pr.BEGIN + "\n")
     assert text.endswith(pr.END + "\n\n## Later\ntext\n")
     assert "old block" not in text
-    assert "| pass | hdim | flash3 | cuDNN | FA2 | flash3 causal | cuDNN causal | FA2 causal |" in text
-    assert "| forward, bf16 | 128 | 529.0 | 423.2 | 264.5 | 539.0 | 431.2 | 269.5 |" in text
-    assert "| forward, e4m3 | 64 | 765.0 | n/a | n/a | 775.0 | n/a | n/a |" in text
+    assert "timed by python -m flash3.benchmark, idle gap: the GPU idle 50 ms before every sample;" in text
+    assert "| pass | hdim | flash3 | cuDNN | SDPA FA2 | flash3 causal | cuDNN causal | SDPA FA2 causal |" in text
+    assert "| forward, bf16 | 128 | 531.0 | 424.8 | 265.5 | 541.0 | 432.8 | 270.5 |" in text
+    assert "| forward, bf16 | 64 | 467.0 | 373.6 | 233.5 | 477.0 | n/a | 238.5 |" in text
+    assert "e4m3" not in text and "509.0" not in text  # neither flash3-bench's sweep nor the sustained one
     assert "- backward, bf16: flash3 ahead of cuDNN on 5 of 8 shapes" in text
     assert "[docs/performance.md](docs/performance.md)" in text
     assert "![TFLOP/s against sequence length, per method](docs/performance.png)" in text
@@ -267,7 +345,7 @@ def test_check_passes_then_catches_an_edit(generated):
     args = [sys.executable, str(SCRIPT), str(data), "--out", str(docs / "performance.md"), "--plot",
             str(docs / "performance.png"), "--readme", str(readme), "--check"]
     assert subprocess.run(args, capture_output=True).returncode == 0
-    (docs / "performance.md").write_text(md.replace("528.0", "999.0", 1))
+    (docs / "performance.md").write_text(md.replace("530.0", "999.0", 1))
     done = subprocess.run(args, capture_output=True, text=True)
     (docs / "performance.md").write_text(md)  # the module's other tests read it
     assert done.returncode == 1 and "999.0" in done.stderr
@@ -277,31 +355,90 @@ def test_import_replaces_an_earlier_run(tmp_path):
     first = write_run(tmp_path / "first")
     assert generate(tmp_path, first)[0].returncode == 0
     (tmp_path / "perf-data" / "notes.md").write_text("about the first run")
-    second = write_run(tmp_path / "second", fp8=False)
+    second = write_run(tmp_path / "second", fp8=False, peers=False)
     for name in ("fp8_accuracy.txt", "ablation.json"):
         (second / name).unlink()
     done, data, docs, _ = generate(tmp_path, second)
     assert done.returncode == 0, done.stderr
     assert not (data / "bench_fp8.json").exists() and not (data / "notes.md").exists()
+    assert not list(data.glob("peers*"))
     md = (docs / "performance.md").read_text()
-    assert "| not in this run | `bench_fp8.json`, `ablation.json`, `fp8_accuracy.txt` |" in md
-    assert "## Forward, e4m3" not in md
+    assert "| not in this run | `peers*.json`, `bench_fp8.json`, `ablation.json`, `fp8_accuracy.txt` |" in md
+    assert "### Forward, e4m3" not in md
     assert "Not measured in this run (no ablation.json)." in md
     assert "Not measured in this run (no fp8_accuracy.txt)." in md
 
 
+def test_import_of_several_calls(tmp_path):
+    """A sweep split over calls: each call's logs.tgz, the first one's gpu.txt."""
+    first = write_run(tmp_path / "first")
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / "gpu.txt").write_text("NVIDIA H200, 1980 MHz, 1980 MHz, 700.00 W, 580.1\ncommit def5678\n")
+    write_peers(second, "peers_sustained", SUSTAINED, ("bwd",), -120.0, date="2026-12-01T11:00:00+00:00")
+    done, data, docs, _ = generate(tmp_path, [make_logs_tgz(first, tmp_path / "first.tgz"),
+                                              make_logs_tgz(second, tmp_path / "second.tgz")])
+    assert done.returncode == 0, done.stderr
+    assert (data / "gpu.txt").read_text().startswith("NVIDIA H100")
+    sustained = section((docs / "performance.md").read_text(), f"## {SUSTAINED_TITLE}")
+    assert "- files: `peers_sustained_bwd.json`, `peers_sustained_fwd.json` " \
+           "(2026-12-01T10:20:00+00:00 to 2026-12-01T11:00:00+00:00)" in sustained
+    assert "### Forward, bf16" in sustained and "### Backward, bf16" in sustained
+
+
+def test_two_gap_lengths_are_two_sections(tmp_path):
+    run = write_run(tmp_path / "out")
+    write_peers(run, "peers_long_gap", dict(GAP, gap_ms=300.0), ("fwd",), 9.0)
+    done, _, docs, readme = generate(tmp_path, run)
+    assert done.returncode == 0, done.stderr
+    titles = [line for line in (docs / "performance.md").read_text().splitlines() if line.startswith("## ")]
+    assert titles[:3] == [f"## {GAP_TITLE}", "## flash3 beside its peers, idle gap: the GPU idle 300 ms before "
+                          "every sample", f"## {SUSTAINED_TITLE}"]
+    assert "537.0" not in section((docs / "performance.md").read_text(), f"## {GAP_TITLE}")
+    assert "idle 50 ms" in readme.read_text()
+
+
 def test_notes_and_a_run_without_peers(tmp_path):
-    run = write_run(tmp_path / "out", fp8=False)
-    (run / "compare.json").unlink()
+    run = write_run(tmp_path / "out", fp8=False, peers=False)
     assert generate(tmp_path, run)[0].returncode == 0
     (tmp_path / "perf-data" / "notes.md").write_text("Numbers from a **test**.")
-    done, _, docs, _ = generate(tmp_path, None)
+    done, _, docs, readme = generate(tmp_path, None)
     assert done.returncode == 0, done.stderr
     md = (docs / "performance.md").read_text()
     assert "\nNumbers from a **test**.\n" in md
-    fwd = section(md, "Forward, bf16")
-    assert "cuDNN |" not in fwd and "- cuDNN (left out): no number on 8 shape(s): no compare.json" in fwd
-    assert "flash3 ahead of cuDNN" not in fwd
+    assert "\n## flash3 beside its peers\n\nNot measured in this run (no `peers*.json`).\n" in md
+    assert "flash3 ahead of cuDNN" not in md
+    assert "Plotted: flash3-bench, continuous load" in md
+    # The headline falls back on flash3-bench's sweep, saying so.
+    text = readme.read_text()
+    assert "timed by flash3-bench, continuous load (each shape timed right after the one before, no idle gap);" in text
+    assert "| pass | hdim | flash3 | flash3 causal |" in text
+    assert "| forward, bf16 | 128 | 529.0 | 539.0 |" in text
+
+
+def test_compare_json_of_an_earlier_run_stands_in_for_the_peers(tmp_path):
+    run = write_run(tmp_path / "out", peers=False)
+    shape = {"pass": "fwd", "dtype": "bf16", "hdim": 128, "causal": False, "batch": 4, "seqlen_q": 4096,
+             "seqlen_k": 4096, "heads_q": 16, "heads_kv": 16}
+    rows = [dict(shape, flash3={"ms": 1.0, "tflops": 529.0}, fa2={"ms": 2.0, "tflops": 264.5},
+                 cudnn={"ms": 1.25, "tflops": 423.2}),
+            dict(shape, dtype="e4m3", flash3={"ms": 1.0, "tflops": 829.0}, fa2={"na": "SDPA has no e4m3"},
+                 cudnn={"na": "SDPA has no e4m3"})]
+    (run / "compare.json").write_text(json.dumps({"torch": "2.11.0+cu130", "cudnn": 91900, "date": "2026-11-27",
+                                                  "timer": "triton.testing.do_bench median", "rows": rows}))
+    done, _, docs, readme = generate(tmp_path, run)
+    assert done.returncode == 0, done.stderr
+    md = (docs / "performance.md").read_text()
+    peers = section(md, "## flash3 beside its peers, SDPA's backends timed in a separate process")
+    assert "- SDPA's timer: triton.testing.do_bench median" in peers
+    assert "| 128 | no | **flash3 (flash3-bench)** | 529.0 |" in peers
+    assert "|  |  | SDPA cuDNN | 423.2 |" in peers and "|  |  | flash3/cuDNN | 1.25 |" in peers
+    assert "e4m3" not in peers
+    assert "| not in this run | `peers*.json` |" in md
+    # The README's block shows these peers until a run brings peers*.json.
+    block = readme.read_text()
+    assert "timed by flash3-bench, and SDPA's backends in a separate process;" in block
+    assert "| pass | hdim | flash3 | cuDNN | SDPA FA2 | flash3 causal |" in block
 
 
 def test_readme_without_markers_is_an_error(tmp_path):
@@ -322,6 +459,17 @@ def test_plot_is_written(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (docs / "performance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "performance.png" in done.stdout
+
+
+def test_plot_is_the_idle_gap_peers_titled_with_the_regime(tmp_path, monkeypatch):
+    write_run(tmp_path / "out")
+    pr.import_run([tmp_path / "out"], tmp_path / "data")
+    drawn = {}
+    monkeypatch.setattr(pr, "write_plot", lambda section, title, path: drawn.update(section=section, title=title))
+    pr.plot(pr.load(tmp_path / "data"), tmp_path / "plot.png")
+    assert drawn["title"] == ("NVIDIA H100 80GB HBM3: python -m flash3.benchmark, idle gap: the GPU idle 50 ms "
+                              "before every sample")
+    assert [key for key, _ in drawn["section"]["methods"]][:3] == ["flash3", "sdpa_cudnn", "sdpa_flash"]
 
 
 def test_without_matplotlib_the_markdown_is_still_written(tmp_path):
