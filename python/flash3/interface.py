@@ -43,9 +43,26 @@ def _check_tensor(name, t):
         raise ValueError(f"{name}: must have 4 dims [batch, seqlen, heads, head_dim], got shape {tuple(t.shape)}")
 
 
+def _plainly_valid(q, k, v, dtypes, head_dims):
+    """Whether q, k, v pass every check of _check_qkv, tested in one
+    expression over plain CUDA tensors: the per-call cost of the common case.
+    False sends them through the checks that name what is wrong."""
+    if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
+        return False
+    qs, ks = q.shape, k.shape
+    dtype = q.dtype
+    return (len(qs) == 4 and len(ks) == 4 and v.shape == ks and dtype in dtypes and k.dtype == dtype
+            and v.dtype == dtype and q.is_cuda and k.device == q.device and v.device == q.device
+            and ks[0] == qs[0] and ks[3] == qs[3]
+            and qs[3] in (head_dims or (FP8_HEAD_DIMS if dtype == _E4M3 else HEAD_DIMS))
+            and ks[2] != 0 and qs[2] % ks[2] == 0 and qs[2] != 0)
+
+
 def _check_qkv(q, k, v, dtypes, head_dims=None):
     """Devices, dtypes, shapes, head dim and GQA of q, k, v; head_dims None:
     those of q's dtype."""
+    if _plainly_valid(q, k, v, dtypes, head_dims):
+        return
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
     if q.device.type not in ("cuda", "meta"):
@@ -194,9 +211,12 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     sm_margin are FlashAttention-3's; any value but the default raises
     NotImplementedError. out_dtype is flash3's own.
     """
-    _not_supported(qv=(qv, None), window_size=(window_size, (-1, -1)), attention_chunk=(attention_chunk, 0),
-                   softcap=(softcap, 0.0), num_splits=(num_splits, 1), pack_gqa=(pack_gqa, None),
-                   sm_margin=(sm_margin, 0))
+    if not (qv is None and pack_gqa is None and type(window_size) is tuple and window_size == (-1, -1)
+            and type(attention_chunk) is int and attention_chunk == 0 and type(softcap) is float and softcap == 0.0
+            and type(num_splits) is int and num_splits == 1 and type(sm_margin) is int and sm_margin == 0):
+        _not_supported(qv=(qv, None), window_size=(window_size, (-1, -1)), attention_chunk=(attention_chunk, 0),
+                       softcap=(softcap, 0.0), num_splits=(num_splits, 1), pack_gqa=(pack_gqa, None),
+                       sm_margin=(sm_margin, 0))
     return _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic,
                    return_attn_probs, out_dtype)
 
