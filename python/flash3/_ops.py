@@ -97,10 +97,10 @@ def _tile_counter(device_index):
 # ---- outputs: shared by the real and the fake implementations --------------
 
 
-def _forward_outputs(q, out_dtype):
+def _forward_outputs(q, out_dtype, with_lse=True):
     b, sq, hq, d = q.shape
     return (q.new_empty((b, sq, hq, d), dtype=out_dtype),
-            q.new_empty((b, hq, sq), dtype=torch.float32))
+            q.new_empty((b, hq, sq), dtype=torch.float32) if with_lse else None)
 
 
 def _backward_outputs(q, k, v):
@@ -141,7 +141,7 @@ def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter):
                DTYPES[out.dtype])
     b, sq, hq, d = q.shape
     _pack_forward(args, 0, DTYPES[q.dtype], b, sq, k.shape[1], hq, k.shape[2], d, *_ref(q), *_ref(k), *_ref(v),
-                  *_ref(out), lse.data_ptr(), softmax_scale, causal, *fp8, *_ALL_ON, _ptr(counter))
+                  *_ref(out), _ptr(lse), softmax_scale, causal, *fp8, *_ALL_ON, _ptr(counter))
     return args
 
 
@@ -172,19 +172,24 @@ def quantize_args(q, k, v, outs, granularity, hadamard, seed):
 
 
 @_on_tensor_device
+def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse):
+    """(out, lse) on the tensors' device and current stream; lse None
+    without with_lse (the kernel then writes none)."""
+    lib = _abi.load()
+    q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
+    out, lse = _forward_outputs(q, out_dtype, with_lse)
+    counter = _tile_counter(q.device.index)
+    _run(lib.forward, forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter),
+         _raw_stream(q.device.index), "forward")
+    return out, lse
+
+
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_scale: Optional[Tensor], k_scale: Optional[Tensor],
                   v_scale: Optional[Tensor], softmax_scale: float, causal: bool, deterministic: bool,
                   out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     # `deterministic` is the backward's mode: an input here so that autograd
     # (setup_context) sees it; the forward is deterministic anyway.
-    lib = _abi.load()
-    q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
-    out, lse = _forward_outputs(q, out_dtype)
-    stream = _raw_stream(q.device.index)
-    counter = _tile_counter(q.device.index)
-    args = forward_args(q, k, v, out, lse, (q_scale, k_scale, v_scale), softmax_scale, causal, counter)
-    _run(lib.forward, args, stream, "forward")
-    return out, lse
+    return _forward(q, k, v, (q_scale, k_scale, v_scale), softmax_scale, causal, out_dtype, True)
 
 
 @_on_tensor_device
@@ -290,13 +295,16 @@ def _eager(q, k, v):
             and type(v) is Tensor and _get_current_dispatch_mode() is None)
 
 
-def attention(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype):
-    """(out, lse) of checked arguments, differentiable in q, k, v."""
+def attention(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype, with_lse=True):
+    """(out, lse) of checked arguments, differentiable in q, k, v. Without
+    with_lse the LSE may be left out (None) where nothing else needs it: an
+    eager call without gradients, the common inference call, allocates and
+    writes no LSE."""
     if _eager(q, k, v):
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             return _EagerAttention.apply(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic,
                                          out_dtype)
-        return _forward_impl(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype)
+        return _forward(q, k, v, (q_scale, k_scale, v_scale), softmax_scale, causal, out_dtype, with_lse)
     return fwd(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype)
 
 

@@ -183,7 +183,8 @@ def _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, det
             raise ValueError(f"out_dtype: {q.dtype} inputs give a {q.dtype} output, got {out_dtype}")
         out_dtype = q.dtype
         scales = (None, None, None)
-    out, lse = _ops.attention(q, k, v, *scales, softmax_scale, bool(causal), bool(deterministic), out_dtype)
+    out, lse = _ops.attention(q, k, v, *scales, softmax_scale, bool(causal), bool(deterministic), out_dtype,
+                              bool(return_attn_probs))
     return (out, lse) if return_attn_probs else out
 
 

@@ -168,6 +168,17 @@ def test_against_float64_sdpa(gpu, dtype, head_dim, causal):
         run_case(dtype, causal, random_case(rng, head_dim))
 
 
+def test_inference_call_without_lse_gives_the_same_output(gpu):
+    # No gradient and no LSE asked for: the kernel writes none (lse nullptr),
+    # and O is bitwise the one of the call that asks for it.
+    torch.manual_seed(21)
+    q, k, v = (torch.randn(2, 300, h, 128, device=gpu, dtype=BF16) for h in (8, 2, 2))
+    with torch.no_grad():
+        out = flash3.flash_attn_func(q, k, v, causal=True)
+        ref, lse = flash3.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.equal(out, ref) and lse.shape == (2, 8, 300)
+
+
 def test_queries_that_see_no_key(gpu):
     # Causal with more queries than keys: the first rows see nothing (zeros, +inf LSE).
     torch.manual_seed(3)
