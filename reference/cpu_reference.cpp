@@ -10,10 +10,27 @@
 
 namespace flash3::reference {
 
+namespace {
+
+// FlashAttention-3's softcapping of a scaled score x: softcap tanh(x / softcap),
+// or x itself when softcap is 0.
+double softcapped(const AttentionShape& s, double x) {
+  return s.softcap > 0 ? s.softcap * std::tanh(x / s.softcap) : x;
+}
+
+// d softcapped(x) / dx: 1 - tanh^2(x / softcap), or 1 when softcap is 0.
+double softcapped_slope(const AttentionShape& s, double x) {
+  if (s.softcap == 0) return 1.0;
+  const double t = std::tanh(x / s.softcap);
+  return 1.0 - t * t;
+}
+
+}  // namespace
+
 void attention_cpu(const AttentionShape& s, const double* q, const double* k, const double* v, double* o,
-                   double* lse) {
+                   double* lse, const double* sinks) {
   if (!is_valid(s)) throw std::invalid_argument("attention_cpu: invalid AttentionShape");
-  const int64_t d = s.head_dim;
+  const int64_t d = s.head_dim, dim_v = value_head_dim(s);
   const int64_t group = s.heads_q / s.heads_kv;
   const double scale = effective_scale(s);
   std::vector<double> w(s.seqlen_k);  // the row's scores, then its unnormalized weights
@@ -23,35 +40,35 @@ void attention_cpu(const AttentionShape& s, const double* q, const double* k, co
       const int64_t hk = h / group;
       for (int64_t i = 0; i < s.seqlen_q; ++i) {
         const double* qi = q + ((b * s.seqlen_q + i) * s.heads_q + h) * d;
-        double* oi = o + ((b * s.seqlen_q + i) * s.heads_q + h) * d;
+        double* oi = o + ((b * s.seqlen_q + i) * s.heads_q + h) * dim_v;
         double* lse_i = lse ? lse + (b * s.heads_q + h) * s.seqlen_q + i : nullptr;
-        // Keys [0, visible) are unmasked.
-        const int64_t visible =
-            s.causal ? std::clamp<int64_t>(i + s.seqlen_k - s.seqlen_q + 1, 0, s.seqlen_k) : s.seqlen_k;
-        std::fill(oi, oi + d, 0.0);
-        if (visible == 0) {
-          if (lse_i) *lse_i = std::numeric_limits<double>::infinity();
+        const KeyRange keys = visible_keys(s, i);
+        std::fill(oi, oi + dim_v, 0.0);
+        if (keys.first == keys.last) {
+          // The sink's own log-weight; without one, +inf marks the empty row (FlashAttention's convention).
+          if (lse_i) *lse_i = sinks ? sinks[h] : std::numeric_limits<double>::infinity();
           continue;
         }
-        double max_score = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < visible; ++j) {
+        double max_score = sinks ? sinks[h] : -std::numeric_limits<double>::infinity();
+        for (int64_t j = keys.first; j < keys.last; ++j) {
           const double* kj = k + ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
           double dot = 0;
           for (int64_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
-          w[j] = scale * dot;
+          w[j] = softcapped(s, scale * dot);
           max_score = std::max(max_score, w[j]);
         }
-        // Subtracting the max keeps exp() finite for any score magnitude.
-        double sum = 0;
-        for (int64_t j = 0; j < visible; ++j) {
+        // Subtracting the max (the sink's included) keeps exp() finite for any score magnitude; the sink adds
+        // to the denominator only.
+        double sum = sinks ? std::exp(sinks[h] - max_score) : 0.0;
+        for (int64_t j = keys.first; j < keys.last; ++j) {
           w[j] = std::exp(w[j] - max_score);
           sum += w[j];
         }
-        for (int64_t j = 0; j < visible; ++j) {
-          const double* vj = v + ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
-          for (int64_t c = 0; c < d; ++c) oi[c] += w[j] * vj[c];
+        for (int64_t j = keys.first; j < keys.last; ++j) {
+          const double* vj = v + ((b * s.seqlen_k + j) * s.heads_kv + hk) * dim_v;
+          for (int64_t c = 0; c < dim_v; ++c) oi[c] += w[j] * vj[c];
         }
-        for (int64_t c = 0; c < d; ++c) oi[c] /= sum;
+        for (int64_t c = 0; c < dim_v; ++c) oi[c] /= sum;
         if (lse_i) *lse_i = max_score + std::log(sum);
       }
     }
@@ -59,57 +76,59 @@ void attention_cpu(const AttentionShape& s, const double* q, const double* k, co
 }
 
 void attention_backward_cpu(const AttentionShape& s, const double* q, const double* k, const double* v,
-                            const double* dout, double* dq, double* dk, double* dv) {
+                            const double* dout, double* dq, double* dk, double* dv, const double* sinks,
+                            double* dsinks) {
   if (!is_valid(s)) throw std::invalid_argument("attention_backward_cpu: invalid AttentionShape");
-  const int64_t d = s.head_dim;
+  const int64_t d = s.head_dim, dim_v = value_head_dim(s);
   const int64_t group = s.heads_q / s.heads_kv;
   const double scale = effective_scale(s);
   std::fill(dq, dq + s.batch * s.seqlen_q * s.heads_q * d, 0.0);
   std::fill(dk, dk + s.batch * s.seqlen_k * s.heads_kv * d, 0.0);
-  std::fill(dv, dv + s.batch * s.seqlen_k * s.heads_kv * d, 0.0);
-  std::vector<double> p(s.seqlen_k), dp(s.seqlen_k);
-  auto row = [&](const double* t, int64_t b, int64_t seqlen, int64_t heads, int64_t i, int64_t h) {
-    return t + ((b * seqlen + i) * heads + h) * d;
+  std::fill(dv, dv + s.batch * s.seqlen_k * s.heads_kv * dim_v, 0.0);
+  if (dsinks) std::fill(dsinks, dsinks + s.heads_q, 0.0);
+  std::vector<double> p(s.seqlen_k), dp(s.seqlen_k), slope(s.seqlen_k);
+  auto row = [&](const double* t, int64_t b, int64_t seqlen, int64_t heads, int64_t i, int64_t h, int64_t dim) {
+    return t + ((b * seqlen + i) * heads + h) * dim;
   };
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads_q; ++h) {
       const int64_t hk = h / group;
       for (int64_t i = 0; i < s.seqlen_q; ++i) {
-        const int64_t visible =
-            s.causal ? std::clamp<int64_t>(i + s.seqlen_k - s.seqlen_q + 1, 0, s.seqlen_k) : s.seqlen_k;
-        if (visible == 0) continue;
-        const double* qi = row(q, b, s.seqlen_q, s.heads_q, i, h);
-        const double* doi = row(dout, b, s.seqlen_q, s.heads_q, i, h);
-        // P_i = softmax(scale q_i K^T), dP_i = dO_i V^T.
-        double max_score = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < visible; ++j) {
-          const double* kj = row(k, b, s.seqlen_k, s.heads_kv, j, hk);
-          const double* vj = row(v, b, s.seqlen_k, s.heads_kv, j, hk);
+        const KeyRange keys = visible_keys(s, i);
+        if (keys.first == keys.last) continue;  // O = 0 is constant: D = 0 and no gradient flows, the sink's neither
+        const double* qi = row(q, b, s.seqlen_q, s.heads_q, i, h, d);
+        const double* doi = row(dout, b, s.seqlen_q, s.heads_q, i, h, dim_v);
+        // P_i = softmax(softcapped(scale q_i K^T)) with the sink in the denominator, dP_i = dO_i V^T.
+        double max_score = sinks ? sinks[h] : -std::numeric_limits<double>::infinity();
+        for (int64_t j = keys.first; j < keys.last; ++j) {
+          const double* kj = row(k, b, s.seqlen_k, s.heads_kv, j, hk, d);
+          const double* vj = row(v, b, s.seqlen_k, s.heads_kv, j, hk, dim_v);
           double qk = 0, dov = 0;
-          for (int64_t c = 0; c < d; ++c) {
-            qk += qi[c] * kj[c];
-            dov += doi[c] * vj[c];
-          }
-          p[j] = scale * qk;
+          for (int64_t c = 0; c < d; ++c) qk += qi[c] * kj[c];
+          for (int64_t c = 0; c < dim_v; ++c) dov += doi[c] * vj[c];
+          p[j] = softcapped(s, scale * qk);
+          slope[j] = softcapped_slope(s, scale * qk);
           dp[j] = dov;
           max_score = std::max(max_score, p[j]);
         }
-        double sum = 0;
-        for (int64_t j = 0; j < visible; ++j) sum += (p[j] = std::exp(p[j] - max_score));
-        // D_i = sum_j P_ij dP_ij (= rowsum(dO_i o O_i)); dS = P o (dP - D).
+        const double sink_weight = sinks ? std::exp(sinks[h] - max_score) : 0.0;  // unnormalized, as p[j] below
+        double sum = sink_weight;
+        for (int64_t j = keys.first; j < keys.last; ++j) sum += (p[j] = std::exp(p[j] - max_score));
+        // D_i = sum_j P_ij dP_ij (= rowsum(dO_i o O_i)); dS = P o (dP - D), the sink's dP being 0.
         double dsum = 0;
-        for (int64_t j = 0; j < visible; ++j) dsum += (p[j] /= sum) * dp[j];
+        for (int64_t j = keys.first; j < keys.last; ++j) dsum += (p[j] /= sum) * dp[j];
+        if (dsinks) dsinks[h] -= sink_weight / sum * dsum;
         double* dqi = dq + ((b * s.seqlen_q + i) * s.heads_q + h) * d;
-        for (int64_t j = 0; j < visible; ++j) {
-          const double ds = p[j] * (dp[j] - dsum);
-          const double* kj = row(k, b, s.seqlen_k, s.heads_kv, j, hk);
+        for (int64_t j = keys.first; j < keys.last; ++j) {
+          const double ds = p[j] * (dp[j] - dsum) * slope[j];  // through the softcap to scale q_i.k_j
+          const double* kj = row(k, b, s.seqlen_k, s.heads_kv, j, hk, d);
           double* dkj = dk + ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
-          double* dvj = dv + ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
+          double* dvj = dv + ((b * s.seqlen_k + j) * s.heads_kv + hk) * dim_v;
           for (int64_t c = 0; c < d; ++c) {
             dqi[c] += scale * ds * kj[c];
             dkj[c] += scale * ds * qi[c];
-            dvj[c] += p[j] * doi[c];
           }
+          for (int64_t c = 0; c < dim_v; ++c) dvj[c] += p[j] * doi[c];
         }
       }
     }

@@ -9,8 +9,12 @@
 // with FlashAttention's conventions: the causal mask is aligned to the
 // bottom-right corner (query i sees key j iff j <= i + seqlen_k - seqlen_q),
 // and a row that sees no key gets an output of zeros and an LSE of +infinity.
+// The CPU version also has FlashAttention-3's other options, with its
+// conventions (see AttentionShape and attention_cpu): a sliding window, score
+// softcapping, per-head attention sinks and a V head dim of its own.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -51,39 +55,86 @@ struct AttentionShape {
   int64_t heads_kv = 0;  // divides heads_q
   int64_t head_dim = 0;
   float softmax_scale = 0.0f;  // 0 selects 1 / sqrt(head_dim)
-  bool causal = false;
+  bool causal = false;  // the window's right bound becomes min(window_right, 0), i.e. 0
+  // The fields below come after the original ones so that positional
+  // initializers written before them keep their meaning.
+  // Sliding window, aligned to the bottom-right corner as the causal mask is:
+  // query i sees key j iff j >= i + seqlen_k - seqlen_q - window_left and
+  // j <= i + seqlen_k - seqlen_q + window_right; -1 leaves that side unbounded.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  // FlashAttention-3's softcapping, 0 = off: the scaled score S becomes
+  // softcap * tanh(S / softcap) before the mask and the softmax.
+  double softcap = 0.0;
+  int64_t head_dim_v = 0;  // V's (and O's) head dim; 0 selects head_dim
 };
 
 // True when the sizes are usable: batch and sequence lengths >= 0, heads and
-// head_dim >= 1, heads_q a multiple of heads_kv. Zero batch or seqlen_q is an
-// empty problem; seqlen_k == 0 makes every row see no key.
+// head_dim >= 1, heads_q a multiple of heads_kv, windows >= -1, head_dim_v >= 0
+// and a finite softcap >= 0 (an infinite one would make inf * tanh(0) a NaN).
+// Zero batch or seqlen_q is an empty problem; seqlen_k == 0 or a window that
+// misses every key makes rows see no key.
 inline bool is_valid(const AttentionShape& s) {
   return s.batch >= 0 && s.seqlen_q >= 0 && s.seqlen_k >= 0 && s.heads_q >= 1 && s.heads_kv >= 1 &&
-         s.head_dim >= 1 && s.heads_q % s.heads_kv == 0;
+         s.head_dim >= 1 && s.heads_q % s.heads_kv == 0 && s.window_left >= -1 && s.window_right >= -1 &&
+         s.head_dim_v >= 0 && s.softcap >= 0.0 && std::isfinite(s.softcap);
 }
 
-// The scale actually applied to Q K^T.
+// V's and O's head dim.
+inline int64_t value_head_dim(const AttentionShape& s) { return s.head_dim_v != 0 ? s.head_dim_v : s.head_dim; }
+
+// The keys [first, last) that query row i sees under the causal mask and the
+// window (first == last when none): the one statement of the masking rule.
+struct KeyRange {
+  int64_t first = 0;
+  int64_t last = 0;
+};
+
+inline KeyRange visible_keys(const AttentionShape& s, int64_t i) {
+  const int64_t diagonal = i + s.seqlen_k - s.seqlen_q;  // the key aligned with row i
+  const int64_t right = s.causal ? 0 : s.window_right;  // causal: min(window_right, 0), and -1 means unbounded
+  KeyRange r{0, s.seqlen_k};
+  if (s.window_left >= 0) r.first = std::clamp<int64_t>(diagonal - s.window_left, 0, s.seqlen_k);
+  if (right >= 0) r.last = std::clamp<int64_t>(diagonal + right + 1, r.first, s.seqlen_k);
+  return r;
+}
+
+// The scale actually applied to Q K^T (Q/K's head dim, also when V's differs).
 inline double effective_scale(const AttentionShape& s) {
   return s.softmax_scale != 0.0f ? double(s.softmax_scale) : 1.0 / std::sqrt(double(s.head_dim));
 }
 
 // Float64 attention on the CPU. Dense row-major arrays:
-//   q, o: [batch, seqlen_q, heads_q, head_dim]
-//   k, v: [batch, seqlen_k, heads_kv, head_dim]
+//   q:    [batch, seqlen_q, heads_q, head_dim]
+//   k:    [batch, seqlen_k, heads_kv, head_dim]
+//   v:    [batch, seqlen_k, heads_kv, head_dim_v]
+//   o:    [batch, seqlen_q, heads_q, head_dim_v]
 //   lse:  [batch, heads_q, seqlen_q], natural log; may be nullptr.
+//   sinks: [heads_q] logits, or nullptr for none. A sink joins every softmax
+//         denominator of its head without a value, P_ij = exp(S_ij) /
+//         (exp(sink_h) + sum_j exp(S_ij)), and the LSE includes it, so a row
+//         that sees no key gets O = 0 and LSE = sink_h; -inf is no sink.
 // Throws std::invalid_argument when !is_valid(shape).
 void attention_cpu(const AttentionShape& shape, const double* q, const double* k, const double* v, double* o,
-                   double* lse);
+                   double* lse, const double* sinks = nullptr);
 
 // The gradients of attention_cpu's O for an upstream gradient dO (float64):
-//   dV = P^T dO, dP = dO V^T, dS = P o (dP - rowsum(P o dP)),
+//   dV = P^T dO, dP = dO V^T, dS = P o (dP - D), D = rowsum(P o dP) = rowsum(dO o O),
+//   with softcapping dS o= 1 - tanh^2(scale Q K^T / softcap), softcap tanh(x / softcap)'s derivative,
 //   dQ = scale dS K, dK = scale dS^T Q,
-// with dK and dV summed over the query heads sharing a K/V head. dout, dq as
-// q; dk, dv as k. Throws std::invalid_argument when !is_valid(shape).
+// with dK and dV summed over the query heads sharing a K/V head. dq as q;
+// dout as o; dk as k; dv as v. dsinks [heads_q], which may be nullptr, gets
+//   dsink_h = -sum_{b,i} P_sink(b,h,i) D(b,h,i),   P_sink = exp(sink_h - LSE)
+// (a sink's dP is 0, having no value), and zeros without sinks.
+// Throws std::invalid_argument when !is_valid(shape).
 void attention_backward_cpu(const AttentionShape& shape, const double* q, const double* k, const double* v,
-                            const double* dout, double* dq, double* dk, double* dv);
+                            const double* dout, double* dq, double* dk, double* dv, const double* sinks = nullptr,
+                            double* dsinks = nullptr);
 
 #ifdef FLASH3_REFERENCE_HAS_CUDA
+// The GPU versions know only the causal mask so far: they read none of
+// AttentionShape's fields after `causal`, so those must keep their defaults.
+
 // Attention on the GPU with float32 accumulation, for any shape (head_dim up to
 // what one block's shared memory holds, about 900 on sm_90).
 //   q, k, v: device bf16 or fp16 (per dtype) tensors described as in flash3.h
