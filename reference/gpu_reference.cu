@@ -290,7 +290,8 @@ namespace {
 cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q, flash3::ConstTensor k,
                 flash3::ConstTensor v, const flash3::Fp8Scales* fp8, float* o, float* lse,
                 bool emulate_low_precision, bool standard_fp8, cudaStream_t stream) {
-  if (!is_valid(shape) || q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1) return cudaErrorInvalidValue;
+  if (!is_valid(shape) || !is_plain(shape)) return cudaErrorInvalidValue;
+  if (q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1) return cudaErrorInvalidValue;
   if (shape.batch == 0 || shape.seqlen_q == 0) return cudaSuccess;
   if (!q.data || !o || (shape.seqlen_k > 0 && (!k.data || !v.data))) return cudaErrorInvalidValue;
 

@@ -246,7 +246,7 @@ cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dt
                                    flash3::ConstTensor k, flash3::ConstTensor v, flash3::ConstTensor dout,
                                    float* dq, float* dk, float* dv, bool emulate_low_precision,
                                    cudaStream_t stream, const flash3::ConstTensor* o) {
-  if (!is_valid(shape) || shape.head_dim > 512) return cudaErrorInvalidValue;
+  if (!is_valid(shape) || !is_plain(shape) || shape.head_dim > 512) return cudaErrorInvalidValue;
   if (q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1 || dout.dim_stride != 1 ||
       (o != nullptr && (o->data == nullptr || o->dim_stride != 1))) {
     return cudaErrorInvalidValue;

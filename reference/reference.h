@@ -131,9 +131,14 @@ void attention_backward_cpu(const AttentionShape& shape, const double* q, const 
                             const double* dout, double* dq, double* dk, double* dv, const double* sinks = nullptr,
                             double* dsinks = nullptr);
 
+// Whether a shape uses none of the options after `causal` (window, softcap,
+// a V head dim of its own): the GPU versions compute only such shapes so far
+// and refuse the others (cudaErrorInvalidValue) rather than ignore them.
+inline bool is_plain(const AttentionShape& s) {
+  return s.window_left == -1 && s.window_right == -1 && s.softcap == 0.0 && value_head_dim(s) == s.head_dim;
+}
+
 #ifdef FLASH3_REFERENCE_HAS_CUDA
-// The GPU versions know only the causal mask so far: they read none of
-// AttentionShape's fields after `causal`, so those must keep their defaults.
 
 // Attention on the GPU with float32 accumulation, for any shape (head_dim up to
 // what one block's shared memory holds, about 900 on sm_90).

@@ -684,6 +684,17 @@ TEST(ReferenceCpuBackward, MatchesFiniteDifferencesWithOptions) {
   }
 }
 
+// The GPU references compute only plain shapes: each option makes a shape not plain.
+TEST(ReferenceCpu, PlainShapesUseNoOption) {
+  const AttentionShape plain{1, 2, 2, 1, 1, 2, 0.0f, true};
+  EXPECT_TRUE(flash3::reference::is_plain(plain));
+  EXPECT_TRUE(flash3::reference::is_plain(with_options(plain, -1, -1, 0.0, 2)));  // head_dim_v == head_dim
+  EXPECT_FALSE(flash3::reference::is_plain(with_options(plain, 3, -1)));
+  EXPECT_FALSE(flash3::reference::is_plain(with_options(plain, -1, 0)));
+  EXPECT_FALSE(flash3::reference::is_plain(with_options(plain, -1, -1, 30.0)));
+  EXPECT_FALSE(flash3::reference::is_plain(with_options(plain, -1, -1, 0.0, 4)));
+}
+
 TEST(ReferenceCpu, RejectsInvalidOptions) {
   const AttentionShape ok{1, 2, 2, 1, 1, 2, 0.0f, false};
   EXPECT_TRUE(flash3::reference::is_valid(with_options(ok, 0, 0, 0.5, 3)));
