@@ -75,6 +75,34 @@ std::vector<double> random_values(size_t n, unsigned seed) {
   return x;
 }
 
+// The backward's gradients against central finite differences of the forward:
+// for L = sum(O o dO), dL/dx ~ (L(x + h) - L(x - h)) / 2h for every element x
+// of Q, K, V and the sinks (none without them: dsinks must then be 0).
+void expect_finite_differences(const AttentionShape& s, Problem p, const std::vector<double>& dout, double tolerance) {
+  const Gradients g = run_backward(s, p, dout);
+  auto loss = [&]() {
+    const Result r = run_reference(s, p);
+    double l = 0;
+    for (size_t i = 0; i < r.o.size(); ++i) l += r.o[i] * dout[i];
+    return l;
+  };
+  const double h = 1e-6;
+  for (auto [x, grad, name] : {std::tuple{&p.q, &g.dq, "dq"}, std::tuple{&p.k, &g.dk, "dk"},
+                               std::tuple{&p.v, &g.dv, "dv"}, std::tuple{&p.sinks, &g.dsinks, "dsinks"}}) {
+    for (size_t i = 0; i < x->size(); ++i) {
+      const double saved = (*x)[i];
+      (*x)[i] = saved + h;
+      const double up = loss();
+      (*x)[i] = saved - h;
+      const double down = loss();
+      (*x)[i] = saved;
+      ASSERT_NEAR((*grad)[i], (up - down) / (2 * h), tolerance) << name << "[" << i << "]";
+    }
+  }
+  if (p.sinks.empty())
+    for (double x : g.dsinks) ASSERT_EQ(x, 0.0);
+}
+
 // The textbook formulation, written independently of the reference: per (b, h)
 // an explicit seqlen_q x seqlen_k score matrix with masked entries excluded,
 // P = exp(S) / sum exp(S) with no max subtraction (fine for the small scores
@@ -181,9 +209,7 @@ TEST(ReferenceCpu, MatchesNaiveFormulation) {
   }
 }
 
-// The backward reference against central finite differences of the forward
-// reference: for L = sum(O o dO), dL/dx ~ (L(x + h) - L(x - h)) / 2h for every
-// element x of Q, K and V.
+// The backward reference against finite differences of the forward on the plain masks.
 TEST(ReferenceCpuBackward, MatchesFiniteDifferences) {
   const AttentionShape shapes[] = {
       {1, 4, 4, 2, 2, 3, 0.0f, false},
@@ -193,32 +219,8 @@ TEST(ReferenceCpuBackward, MatchesFiniteDifferences) {
   unsigned seed = 11;
   for (const AttentionShape& s : shapes) {
     SCOPED_TRACE(describe(s));
-    Problem p = random_problem(s, seed++);
-    std::vector<double> dout(p.q.size());
-    std::mt19937 rng(seed++);
-    std::uniform_real_distribution<double> dist(-1.0, 1.0);
-    for (double& x : dout) x = dist(rng);
-    std::vector<double> dq(p.q.size()), dk(p.k.size()), dv(p.v.size());
-    flash3::reference::attention_backward_cpu(s, p.q.data(), p.k.data(), p.v.data(), dout.data(), dq.data(),
-                                              dk.data(), dv.data());
-    auto loss = [&]() {
-      const Result r = run_reference(s, p);
-      double l = 0;
-      for (size_t i = 0; i < r.o.size(); ++i) l += r.o[i] * dout[i];
-      return l;
-    };
-    const double h = 1e-6;
-    for (auto [x, grad, name] : {std::tuple{&p.q, &dq, "dq"}, std::tuple{&p.k, &dk, "dk"}, std::tuple{&p.v, &dv, "dv"}}) {
-      for (size_t i = 0; i < x->size(); ++i) {
-        const double saved = (*x)[i];
-        (*x)[i] = saved + h;
-        const double up = loss();
-        (*x)[i] = saved - h;
-        const double down = loss();
-        (*x)[i] = saved;
-        ASSERT_NEAR((*grad)[i], (up - down) / (2 * h), 1e-7) << name << "[" << i << "]";
-      }
-    }
+    const Problem p = random_problem(s, seed++);
+    expect_finite_differences(s, p, random_values(p.q.size(), seed++), 1e-7);
   }
 }
 
@@ -656,29 +658,7 @@ TEST(ReferenceCpuBackward, MatchesFiniteDifferencesWithOptions) {
         double largest = 0;
         for (const auto* grad : {&g.dq, &g.dk, &g.dv, &g.dsinks})
           for (double x : *grad) largest = std::max(largest, std::fabs(x));
-        auto loss = [&]() {
-          const Result r = run_reference(s, p);
-          double l = 0;
-          for (size_t i = 0; i < r.o.size(); ++i) l += r.o[i] * dout[i];
-          return l;
-        };
-        const double h = 1e-6;
-        std::vector<double> no_sinks;  // without sinks there is nothing to perturb, and dsinks must be 0
-        auto* sink_values = sinks ? &p.sinks : &no_sinks;
-        for (auto [x, grad, name] : {std::tuple{&p.q, &g.dq, "dq"}, std::tuple{&p.k, &g.dk, "dk"},
-                                     std::tuple{&p.v, &g.dv, "dv"}, std::tuple{sink_values, &g.dsinks, "dsinks"}}) {
-          for (size_t i = 0; i < x->size(); ++i) {
-            const double saved = (*x)[i];
-            (*x)[i] = saved + h;
-            const double up = loss();
-            (*x)[i] = saved - h;
-            const double down = loss();
-            (*x)[i] = saved;
-            ASSERT_NEAR((*grad)[i], (up - down) / (2 * h), 1e-6 * std::max(largest, 1.0)) << name << "[" << i << "]";
-          }
-        }
-        if (!sinks)
-          for (double x : g.dsinks) ASSERT_EQ(x, 0.0);
+        expect_finite_differences(s, p, dout, 1e-6 * std::max(largest, 1.0));
       }
     }
   }
