@@ -29,8 +29,8 @@ A sweep split over several calls (a sustained one outlasts a call) is imported
 from all of them at once, `--import A/logs.tgz --import B/logs.tgz`; where two
 hold a file of the same name, the first one's is kept.
 
-Needs the standard library only, the benchmark's python/flash3/_bench/sweep.py
-(read by its path: the regimes, their labels and merging), and matplotlib for
+Needs the standard library only, the benchmark's python/flash3/_bench/sweep.py and plot.py
+(read by their paths: the regimes, their labels, merging, the figure), and matplotlib for
 the plot (without it the plot is left as it is, saying so).
 """
 import argparse
@@ -60,7 +60,6 @@ CUDNN = "sdpa_cudnn"
 # line and the summaries), then the others.
 PEER_ORDER = ("flash3", CUDNN, "sdpa_flash", "fa3", "fa2")
 SHORT_NAMES = {"flash3": "flash3", CUDNN: "cuDNN", "sdpa_flash": "SDPA FA2", "fa3": "FA3", "fa2": "FA2"}
-COLORS = {"flash3": "#7b3294", CUDNN: "#e08214", "sdpa_flash": "#4393c3", "fa3": "#5aae61", "fa2": "#bababa"}
 LONG_SEQLEN = 1024  # the summaries count only shapes at least this long
 # flash3-bench's sweeps as device_run.sh runs them: no --gap-ms nor --load-ms.
 BENCH_REGIME = "continuous load (each shape timed right after the one before, no idle gap)"
@@ -130,6 +129,7 @@ def clock_summary():
 
 # The benchmark's pure parts (standard library only): its regimes, their labels, and how runs merge.
 sweep = module_at("flash3_bench_sweep", ROOT / "python" / "flash3" / "_bench" / "sweep.py")
+figure = module_at("flash3_bench_plot", ROOT / "python" / "flash3" / "_bench" / "plot.py")
 
 
 def read_gpu(text):
@@ -669,66 +669,13 @@ def replace_block(text, block):
 # ---- the plot ---------------------------------------------------------------------------
 
 def write_plot(section, title, path):
-    """Paper Figure 5's layout: a panel per (pass, dtype, mask) and head dim, bars per method by seqlen.
-
-    Returns None, or why no plot was written.
-    """
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        return f"matplotlib not importable ({e})"
-    panels = {}
-    for (pass_, dtype), table_rows in tables(section["rows"]).items():
-        for r in table_rows:
-            hdim, causal, gqa = row_group(r)
-            panels.setdefault((pass_, dtype, causal, gqa), {}).setdefault(hdim, []).append(r)
-    if not panels:
-        return "no sweep to plot"
-    hdims = sorted({h for by_hdim in panels.values() for h in by_hdim})
-    header_in = 0.6  # inches above the panels: the title, then the legend
-    height = 2.7 * len(panels) + header_in
-    fig, axes = plt.subplots(len(panels), len(hdims), figsize=(4.2 * len(hdims), height), squeeze=False)
-    for i, ((pass_, dtype, causal, gqa), by_hdim) in enumerate(panels.items()):
-        for j, hdim in enumerate(hdims):
-            ax = axes[i][j]
-            mine = by_hdim.get(hdim)
-            if not mine:
-                ax.axis("off")
-                continue
-            columns = sorted({(r["seqlen_q"], r["seqlen_k"]) for r in mine})
-            at = {(r["seqlen_q"], r["seqlen_k"]): r for r in mine}
-            shown = [(m, n) for m, n in section["methods"] if any(tflops(r.get(m)) for r in mine)]
-            width = 0.8 / max(len(shown), 1)
-            for k, (method, name) in enumerate(shown):
-                xs = [x + (k - (len(shown) - 1) / 2) * width for x in range(len(columns))]
-                ax.bar(xs, [tflops(at[c].get(method)) or 0 for c in columns], width, label=name,
-                       color=COLORS[method])
-            ax.set_xticks(range(len(columns)))
-            ax.set_xticklabels([column_label(c) for c in columns], fontsize=8)
-            ax.tick_params(axis="y", labelsize=8)
-            ax.set_ylim(bottom=0)
-            ax.grid(axis="y", alpha=0.3)
-            ax.set_axisbelow(True)
-            ax.set_title(f"{PASS_NAMES.get(pass_, pass_)} {dtype}, hdim {hdim}, {'causal' if causal else 'no mask'}"
-                         + (f", GQA {gqa}" if gqa != 1 else ""), fontsize=9)
-            if j == 0:
-                ax.set_ylabel("TFLOP/s", fontsize=8)
-            if i == len(panels) - 1:
-                ax.set_xlabel("sequence length", fontsize=8)
-    handles = {}
-    for ax in axes.flat:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, handle)
-    fig.suptitle(title, fontsize=10, y=1 - 0.08 / height)
-    fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=len(handles), frameon=False,
-               bbox_to_anchor=(0.5, 1 - 0.3 / height))
-    fig.tight_layout(rect=(0, 0, 1, 1 - header_in / height))
+    """Paper Figure 5's layout, drawn by the benchmark's own plot (python/flash3/_bench/plot.py) from the
+    section's rows, seqlen_q along the axis. Returns None, or why no plot was written."""
+    records = [{"pass": r["pass"], "dtype": r["dtype"], "causal": r["causal"], "hdim": r["hdim"],
+                "seqlen": r["seqlen_q"], "method": key, "status": "ok", "tflops": tflops(r.get(key))}
+               for r in section["rows"] for key, _ in section["methods"] if tflops(r.get(key))]
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90, metadata={"Software": None})
-    plt.close(fig)
-    return None
+    return figure.write_plot(records, dict(section["methods"]), title, path)
 
 
 # ---- main -------------------------------------------------------------------------------

@@ -91,7 +91,8 @@ def report(meta, results, args):
     if args.csv:
         sweep.write_csv(args.csv, meta, results)
     if args.plot:
-        why_not = write_plot(meta, results, sweep.METHODS, sweep.regime_label(meta["regime"]), args.plot)
+        title = f"{meta.get('device', {}).get('name', 'GPU')}\n{sweep.regime_label(meta['regime'])}"
+        why_not = write_plot(results, sweep.METHODS, title, args.plot)
         print(f"\nplot: {why_not or args.plot}", file=sys.stderr if why_not else sys.stdout)
 
 

@@ -194,13 +194,13 @@ def test_plot_writes_a_png(tmp_path):
                for m in ("flash3", "sdpa_flash")]
     results.append(sweep.na_result(shape(), "sdpa_cudnn", "no kernel"))
     path = tmp_path / "fig.png"
-    assert plot.write_plot({"device": {"name": "GPU"}}, results, sweep.METHODS, "regime", path) is None
+    assert plot.write_plot(results, sweep.METHODS, "GPU\nregime", path) is None
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plot_without_timed_results_says_why(tmp_path):
     pytest.importorskip("matplotlib", reason="the plot needs matplotlib")
-    why = plot.write_plot({}, [sweep.na_result(shape(), "fa2", "x")], sweep.METHODS, "regime", tmp_path / "f.png")
+    why = plot.write_plot([sweep.na_result(shape(), "fa2", "x")], sweep.METHODS, "regime", tmp_path / "f.png")
     assert why == "no timed result to plot"
 
 

@@ -1,6 +1,7 @@
 """The benchmark's plot, laid out as the FlashAttention-3 paper's Figure 5: a
 panel per (pass, mask) and head dim, TFLOP/s bars per method at each
-sequence length, the regime in the title.
+sequence length, the device and the regime in the title. scripts/perf_report.py
+draws docs/performance.png with it too.
 
 Takes result records (sweep.py's) and the method labels; needs matplotlib
 only, imported when called, and nothing of the package, so that the CPU tests
@@ -14,8 +15,8 @@ def seqlen_label(n):
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
-def write_plot(meta, results, labels, regime_text, path):
-    """Writes the PNG; returns None, or why no plot was written."""
+def write_plot(results, labels, title, path):
+    """Writes the PNG, `title` above the panels; returns None, or why no plot was written."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -66,7 +67,7 @@ def write_plot(meta, results, labels, regime_text, path):
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    fig.suptitle(f"{meta.get('device', {}).get('name', 'GPU')}\n{regime_text}", fontsize=9, y=1 - 0.05 / height)
+    fig.suptitle(title, fontsize=9, y=1 - 0.05 / height)
     fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=len(handles), frameon=False,
                bbox_to_anchor=(0.5, 1 - 0.4 / height), fontsize=8)
     fig.tight_layout()
