@@ -168,6 +168,28 @@ def test_against_float64_sdpa(gpu, dtype, head_dim, causal):
         run_case(dtype, causal, random_case(rng, head_dim))
 
 
+@pytest.mark.parametrize("case,text", [
+    (dict(k_dtype=FP16), "k: dtype must be q's"),
+    (dict(q_dtype=torch.float32, k_dtype=torch.float32, v_dtype=torch.float32), "q: dtype torch.float32"),
+    (dict(k_batch=3), "k: batch must be q's"),
+    (dict(v_seqlen=71), "v: shape must be k's"),
+    (dict(head_dim=80), "q: head_dim 80 is not supported"),
+    (dict(heads_kv=3), "k: its heads (3) must divide q's (8)"),
+    (dict(k_device="cpu"), "k: must be on q's device"),
+], ids=["k dtype", "float32", "k batch", "v shape", "head dim", "gqa", "k on the cpu"])
+def test_bad_cuda_tensors_are_named(gpu, case, text):
+    # Plain CUDA tensors take flash_attn_func's one-expression check first:
+    # anything it lets through would reach the library unnamed.
+    d, hkv = case.get("head_dim", 128), case.get("heads_kv", 2)
+    q = torch.zeros(2, 100, 8, d, device=gpu, dtype=case.get("q_dtype", BF16))
+    k = torch.zeros(case.get("k_batch", 2), 70, hkv, d, device=case.get("k_device", gpu),
+                    dtype=case.get("k_dtype", BF16))
+    v = torch.zeros(2, case.get("v_seqlen", 70), hkv, d, device=gpu, dtype=case.get("v_dtype", BF16))
+    with pytest.raises(ValueError) as info:
+        flash3.flash_attn_func(q, k, v)
+    assert text in str(info.value)
+
+
 def test_inference_call_without_lse_gives_the_same_output(gpu):
     # No gradient and no LSE asked for: the kernel writes none (lse nullptr),
     # and O is bitwise the one of the call that asks for it.
