@@ -167,13 +167,7 @@ TEST(CApi, UnknownAbiNames) {
 }
 
 TEST(CApi, BackwardWorkspaceSize) {
-  BackwardArgs b;
-  b.batch = 2;
-  b.seqlen_q = 100;
-  b.seqlen_k = 300;
-  b.heads_q = 8;
-  b.heads_kv = 2;
-  b.head_dim = 128;
+  BackwardArgs b = flash3::testing::with_valid_inputs<BackwardArgs>();
   size_t bytes = 0;
   EXPECT_EQ(flash3_backward_workspace_size(&b, &bytes, nullptr, 0), kOk);
   // At least the fp32 dQ accumulator: 2 x 8 heads x 128 padded rows x 128.

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <thread>
@@ -223,6 +224,17 @@ TEST(Forward, StridesBeyond2To31Elements) {
   }
 }
 
+// N(0, 1) bf16 values, seeded, into each of the device buffers of `elems` elements.
+void upload_normal_bf16(std::initializer_list<uint16_t*> dsts, size_t elems, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<uint16_t> host(elems);
+  for (uint16_t* dst : dsts) {
+    for (uint16_t& x : host) x = to_bits(normal(rng), DType::kBF16);
+    CUDA_OK(cudaMemcpy(dst, host.data(), elems * 2, cudaMemcpyHostToDevice));
+  }
+}
+
 // One forward call captured in a graph on a stream of its own, then two
 // replays, `o` (elems 16-bit values) poisoned before each; check(replay)
 // after each.
@@ -260,13 +272,7 @@ TEST(Forward, TileCounterInCapturedGraph) {
   size_t const elems = size_t(batch * seqlen * heads * d);
   DeviceBuffer<uint16_t> q(elems), k(elems), v(elems), o(elems), o_graph(elems);
   ASSERT_TRUE(q.ptr && k.ptr && v.ptr && o.ptr && o_graph.ptr);
-  std::mt19937 rng(2026);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<uint16_t> host(elems);
-  for (uint16_t* dst : {q.ptr, k.ptr, v.ptr}) {
-    for (uint16_t& x : host) x = to_bits(normal(rng), DType::kBF16);
-    CUDA_OK(cudaMemcpy(dst, host.data(), elems * 2, cudaMemcpyHostToDevice));
-  }
+  upload_normal_bf16({q.ptr, k.ptr, v.ptr}, elems, 2026);
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "non-causal");
     flash3::ForwardArgs a =
@@ -300,13 +306,7 @@ TEST(Forward, CallersTileCounter) {
   DeviceBuffer<uint16_t> q(elems), k(elems), v(elems), o(elems);
   DeviceBuffer<int> counter(1);
   ASSERT_TRUE(q.ptr && k.ptr && v.ptr && o.ptr && counter.ptr);
-  std::mt19937 rng(2027);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<uint16_t> host(elems);
-  for (uint16_t* dst : {q.ptr, k.ptr, v.ptr}) {
-    for (uint16_t& x : host) x = to_bits(normal(rng), DType::kBF16);
-    CUDA_OK(cudaMemcpy(dst, host.data(), elems * 2, cudaMemcpyHostToDevice));
-  }
+  upload_normal_bf16({q.ptr, k.ptr, v.ptr}, elems, 2027);
   CUDA_OK(cudaMemset(counter.ptr, 0, sizeof(int)));
   flash3::ForwardArgs a =
       flash3::reference::dense_forward_args(DType::kBF16, batch, seqlen, heads, d, q.ptr, k.ptr, v.ptr, o.ptr);
