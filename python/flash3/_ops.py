@@ -25,24 +25,24 @@ GRANULARITIES = {"tensor": _abi.PER_TENSOR, "head": _abi.PER_HEAD, "block": _abi
 _GRANULARITY_OF_RANK = {0: _abi.PER_TENSOR, 1: _abi.PER_TENSOR, 2: _abi.PER_HEAD, 3: _abi.PER_BLOCK}
 
 _byref = ctypes.byref
-# The current cudaStream_t as an int, without making a Stream object (as inductor's generated code gets it).
+# The current cudaStream_t as an int, without making a Stream object (as
+# inductor's generated code gets it); the current device and capture state
+# without torch.cuda's Python wrappers (a CUDA tensor exists: CUDA is set up).
 _raw_stream = torch._C._cuda_getCurrentRawStream
+_current_device = torch._C._cuda_getDevice
+_capturing = torch._C._cuda_isCurrentStreamCapturing
 # Each struct is filled by one pack_into of its scalar fields in declaration
 # order (flash3.h's; test_abi.py checks the *_args builders below by name).
 _pack_forward = _abi.packer(_abi.ForwardArgs).pack_into
 _pack_backward = _abi.packer(_abi.BackwardArgs).pack_into
 _pack_quantize = _abi.packer(_abi.QuantizeArgs).pack_into
 _ALL_ON = (True, True, True, True)  # KernelOptions: flash3.h's defaults
+_NO_FP8 = (0, 0, 0, 0, 0)  # Fp8Scales of a bf16/fp16 call
 
 
 def _ref(t):
     """A TensorRef's fields: data, then the batch, seq, head and dim strides."""
     return (t.data_ptr(), *t.stride())
-
-
-def _ptr(t):
-    """A device pointer, or 0 (nullptr) for None."""
-    return 0 if t is None else t.data_ptr()
 
 
 def _head_dim_contiguous(t):
@@ -68,8 +68,8 @@ def _on_tensor_device(impl):
     and launches on the current device), switching only when it is not."""
     @functools.wraps(impl)
     def wrapper(*args):
-        index = args[0].device.index
-        if torch.cuda.current_device() == index:
+        index = args[0].get_device()
+        if _current_device() == index:
             return impl(*args)
         with torch.cuda.device(index):
             return impl(*args)
@@ -89,7 +89,7 @@ def _run(entry, args, stream, what):
 # its own from the caching allocator (the graph's pool), zeroed by a node of
 # the graph, so that graphs replayed concurrently never share one.
 def _tile_counter(device_index):
-    if torch.cuda.is_current_stream_capturing():
+    if _capturing():
         return torch.zeros(1, dtype=torch.int32, device=device_index)
     return None
 
@@ -133,15 +133,20 @@ def _quantize_outputs(q, k, v, granularity):
 
 def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter):
     args = _abi.ForwardArgs()
-    if scales[0] is None:
-        fp8 = (0, 0, 0, 0, 0)
+    q_scale = scales[0]
+    if q_scale is None:
+        fp8 = _NO_FP8
     else:
-        q_scale, k_scale, v_scale = scales
-        fp8 = (_GRANULARITY_OF_RANK[q_scale.dim()], q_scale.data_ptr(), k_scale.data_ptr(), v_scale.data_ptr(),
+        fp8 = (_GRANULARITY_OF_RANK[q_scale.dim()], q_scale.data_ptr(), scales[1].data_ptr(), scales[2].data_ptr(),
                DTYPES[out.dtype])
     b, sq, hq, d = q.shape
-    _pack_forward(args, 0, DTYPES[q.dtype], b, sq, k.shape[1], hq, k.shape[2], d, *_ref(q), *_ref(k), *_ref(v),
-                  *_ref(out), _ptr(lse), softmax_scale, causal, *fp8, *_ALL_ON, _ptr(counter))
+    ks = k.shape
+    # The TensorRefs spelled out (data, then strides): a helper call per
+    # tensor is a measurable part of a tiny call's host time.
+    _pack_forward(args, 0, DTYPES[q.dtype], b, sq, ks[1], hq, ks[2], d, q.data_ptr(), *q.stride(), k.data_ptr(),
+                  *k.stride(), v.data_ptr(), *v.stride(), out.data_ptr(), *out.stride(),
+                  0 if lse is None else lse.data_ptr(), softmax_scale, causal, *fp8, *_ALL_ON,
+                  0 if counter is None else counter.data_ptr())
     return args
 
 
@@ -176,11 +181,13 @@ def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse):
     """(out, lse) on the tensors' device and current stream; lse None
     without with_lse (the kernel then writes none)."""
     lib = _abi.load()
-    q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
     out, lse = _forward_outputs(q, out_dtype, with_lse)
-    counter = _tile_counter(q.device.index)
-    _run(lib.forward, forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter),
-         _raw_stream(q.device.index), "forward")
+    index = q.get_device()
+    counter = _tile_counter(index)
+    _run(lib.forward, forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter), _raw_stream(index),
+         "forward")
     return out, lse
 
 
@@ -244,12 +251,13 @@ def _quantize_fake(q, k, v, granularity, hadamard, seed):
     return _quantize_outputs(q, k, v, granularity)
 
 
-def _save(ctx, q, k, v, out, lse, softmax_scale, causal, deterministic):
+def _save(ctx, q, k, v, out, lse, softmax_scale, causal, deterministic, lse_is_output=True):
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
-    # The backward kernel gives no gradient through the LSE: using it in a
-    # loss raises instead of silently dropping that term.
-    ctx.mark_non_differentiable(lse)
+    if lse_is_output:
+        # The backward kernel gives no gradient through the LSE: using it in
+        # a loss raises instead of silently dropping that term.
+        ctx.mark_non_differentiable(lse)
 
 
 def _gradients(ctx, dout, backward):
@@ -275,24 +283,36 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 class _EagerAttention(torch.autograd.Function):
     """flash3::fwd's autograd without the dispatcher: the same implementations
     called directly, for eager calls on plain CUDA tensors (the custom op's
-    Python dispatch costs several times SDPA's per-call overhead)."""
+    Python dispatch costs several times SDPA's per-call overhead). The
+    arguments past q, k, v come as one tuple, and the LSE is an output only
+    when the caller asked for it: each argument and output costs host time."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype):
-        out, lse = _forward_impl(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype)
-        _save(ctx, q, k, v, out, lse, softmax_scale, causal, deterministic)
-        return out, lse
+    def forward(ctx, q, k, v, rest):
+        scales, softmax_scale, causal, deterministic, out_dtype, with_lse = rest
+        out, lse = _forward(q, k, v, scales, softmax_scale, causal, out_dtype, True)
+        _save(ctx, q, k, v, out, lse, softmax_scale, causal, deterministic, lse_is_output=with_lse)
+        return (out, lse) if with_lse else out
 
     @staticmethod
-    def backward(ctx, dout, dlse):
-        return _gradients(ctx, dout, _backward_impl) + (None,) * 7
+    def backward(ctx, dout, *dlse):
+        return _gradients(ctx, dout, _backward_impl) + (None,)
+
+
+# Function.apply's Python wrapper only unwraps functorch's dead wrappers, and
+# only outside functorch transforms; _eager excludes those, and q, k, v are
+# unwrapped here as it would: the wrapper is a third of the call's autograd cost.
+_eager_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _EagerAttention)
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 def _eager(q, k, v):
     """Whether this call may bypass the dispatcher: not traced (torch.compile,
-    make_fx, fake or other dispatch modes) and plain CUDA tensors."""
+    make_fx, fake or other dispatch modes, functorch transforms) and plain
+    CUDA tensors."""
     return (not torch.compiler.is_compiling() and q.is_cuda and type(q) is Tensor and type(k) is Tensor
-            and type(v) is Tensor and _get_current_dispatch_mode() is None)
+            and type(v) is Tensor and _get_current_dispatch_mode() is None
+            and not torch._C._are_functorch_transforms_active())
 
 
 def attention(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype, with_lse=True):
@@ -301,10 +321,12 @@ def attention(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, determi
     eager call without gradients, the common inference call, allocates and
     writes no LSE."""
     if _eager(q, k, v):
+        scales = (q_scale, k_scale, v_scale)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _EagerAttention.apply(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic,
-                                         out_dtype)
-        return _forward(q, k, v, (q_scale, k_scale, v_scale), softmax_scale, causal, out_dtype, with_lse)
+            result = _eager_apply(_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v),
+                                  (scales, softmax_scale, causal, deterministic, out_dtype, with_lse))
+            return result if with_lse else (result, None)
+        return _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse)
     return fwd(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype)
 
 
