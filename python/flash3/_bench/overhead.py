@@ -13,31 +13,46 @@ MODES = ("fwd", "fwd, inputs requiring grad", "bwd (autograd.grad)")
 # The requirement is on the forward call; the backward through autograd is reported beside it.
 VERDICT_MODES = MODES[:2]
 WARMUP_CALLS = 200
-# A synchronization every SYNC_EVERY calls (outside the timed spans) keeps the
-# GPU's queue from filling, where a launch would wait for the GPU.
-SYNC_EVERY = 100
+# The methods and modes take turns, BLOCK calls each, with a synchronization
+# after each turn (untimed) that keeps the GPU's queue from filling, where a
+# launch would wait for the GPU. Taking turns gives every method the same
+# host conditions: a shared machine's host time per call drifts from minute
+# to minute, which timing one method after the other would charge to
+# whichever ran in the slow minute.
+BLOCK = 100
 
 
-def host_times(torch, calls, timed, setup=lambda: None):
-    """{median_us, p10_us, p90_us} of timed(setup()), timing only timed; the garbage collector off meanwhile."""
-    for _ in range(WARMUP_CALLS):
-        timed(setup())
+def _summary(samples):
+    deciles = statistics.quantiles(samples, n=10)
+    return {"median_us": statistics.median(samples) / 1e3, "p10_us": deciles[0] / 1e3, "p90_us": deciles[-1] / 1e3}
+
+
+def interleaved_times(torch, jobs, calls):
+    """{key: {median_us, p10_us, p90_us}} of each job (context, timed, setup):
+    timed(setup()) with only timed timed, the jobs in turns of BLOCK calls,
+    `calls` calls each; the garbage collector off meanwhile."""
+    for context, timed, setup in jobs.values():
+        with context():
+            for _ in range(WARMUP_CALLS):
+                timed(setup())
     torch.cuda.synchronize()
+    samples = {key: [] for key in jobs}
     gc.collect()
     gc.disable()
     try:
-        samples = []
-        for i in range(calls):
-            arg = setup()
-            start = time.perf_counter_ns()
-            timed(arg)
-            samples.append(time.perf_counter_ns() - start)
-            if i % SYNC_EVERY == SYNC_EVERY - 1:
+        for _ in range(max(1, calls // BLOCK)):
+            for key, (context, timed, setup) in jobs.items():
+                times = samples[key]
+                with context():
+                    for _ in range(BLOCK):
+                        arg = setup()
+                        start = time.perf_counter_ns()
+                        timed(arg)
+                        times.append(time.perf_counter_ns() - start)
                 torch.cuda.synchronize()
     finally:
         gc.enable()
-    deciles = statistics.quantiles(samples, n=10)
-    return {"median_us": statistics.median(samples) / 1e3, "p10_us": deciles[0] / 1e3, "p90_us": deciles[-1] / 1e3}
+    return {key: _summary(times) for key, times in samples.items()}
 
 
 def tiny_inputs(torch, method, requires_grad):
@@ -49,23 +64,36 @@ def tiny_inputs(torch, method, requires_grad):
             for _ in range(3)]
 
 
-def measure_method(torch, method, calls):
-    """{mode: times} for one method, or {"na": why} where it cannot run the tiny shape."""
+def method_jobs(torch, method):
+    """{mode: (timed, setup)} of one method."""
     causal = TINY["causal"]
     q, k, v = tiny_inputs(torch, method, False)
     qg, kg, vg = tiny_inputs(torch, method, True)
     dout = torch.randn_like(q)
-    with recording_warnings() as caught, method.context():
-        try:
-            return {
-                MODES[0]: host_times(torch, calls, lambda _: method.call(q, k, v, causal)),
-                MODES[1]: host_times(torch, calls, lambda _: method.call(qg, kg, vg, causal)),
-                MODES[2]: host_times(torch, calls, lambda out: torch.autograd.grad(out, (qg, kg, vg), dout),
-                                     setup=lambda: method.call(qg, kg, vg, causal)),
-            }
-        except Exception as e:  # no kernel for the tiny shape: reported as n/a with the reason
-            return {"na": failure_reason(caught, e)}
+    none = lambda: None  # noqa: E731
+    return {
+        MODES[0]: (lambda _: method.call(q, k, v, causal), none),
+        MODES[1]: (lambda _: method.call(qg, kg, vg, causal), none),
+        MODES[2]: (lambda out: torch.autograd.grad(out, (qg, kg, vg), dout), lambda: method.call(qg, kg, vg, causal)),
+    }
 
 
 def measure(torch, methods, calls):
-    return {name: measure_method(torch, method, calls) for name, method in methods.items()}
+    """{method: {mode: times}}, or {method: {"na": why}} where a method cannot
+    run the tiny shape (found by one trial call of each mode)."""
+    results, jobs = {}, {}
+    for name, method in methods.items():
+        with recording_warnings() as caught, method.context():
+            try:
+                modes = method_jobs(torch, method)
+                for timed, setup in modes.values():
+                    timed(setup())
+            except Exception as e:  # no kernel for the tiny shape: reported as n/a with the reason
+                results[name] = {"na": failure_reason(caught, e)}
+                continue
+        results[name] = {}
+        for mode, (timed, setup) in modes.items():
+            jobs[(name, mode)] = (method.context, timed, setup)
+    for (name, mode), times in interleaved_times(torch, jobs, calls).items():
+        results[name][mode] = times
+    return results
