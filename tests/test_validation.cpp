@@ -202,6 +202,7 @@ TEST(Validation, Pointers) {
   expect_invalid([](ForwardArgs& a) { a.q.data = reinterpret_cast<const void*>(0x10008); }, "q.data");
   expect_invalid([](ForwardArgs& a) { a.o.data = reinterpret_cast<void*>(0x40002); }, "o.data");
   expect_invalid([](ForwardArgs& a) { a.lse = reinterpret_cast<float*>(0x50002); }, "lse");
+  expect_invalid([](ForwardArgs& a) { a.sinks = reinterpret_cast<const float*>(0x50006); }, "sinks");
 }
 
 // The caller's tile counter is optional and needs only an int's alignment.
@@ -369,6 +370,23 @@ TEST(BackwardValidation, TensorsOfTheBackward) {
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.lse = reinterpret_cast<const float*>(0x60002); }, "lse");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.workspace = reinterpret_cast<void*>(0xa0010); },
                           "workspace");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.sinks = reinterpret_cast<const float*>(0x70001); },
+                          "sinks");
+}
+
+// dsinks is the gradient of the sinks: it needs them, and a float's alignment.
+TEST(BackwardValidation, SinkGradient) {
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.dsinks = reinterpret_cast<float*>(0x70000); }, "dsinks");
+  expect_invalid_backward(
+      [](flash3::BackwardArgs& a) {
+        a.sinks = reinterpret_cast<const float*>(0x70000);
+        a.dsinks = reinterpret_cast<float*>(0x70102);
+      },
+      "dsinks");
+  flash3::BackwardArgs a = valid_backward_args();
+  a.sinks = reinterpret_cast<const float*>(0x70000);
+  a.dsinks = reinterpret_cast<float*>(0x70100);
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
 }
 
 TEST(BackwardValidation, GradientsMustNotOverlapThemselves) {

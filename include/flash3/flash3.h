@@ -136,6 +136,14 @@ struct ForwardArgs {
   // j <= i + seqlen_k - seqlen_q (FlashAttention-2/3's convention).
   bool causal = false;
 
+  // Optional float32 [heads_q]: attention sinks (as in gpt-oss), a logit per
+  // query head that joins each row's softmax denominator without a value:
+  // P_ij = exp(s_ij - L_i) with L_i = log(exp(sink) + sum_j exp(s_ij)), s the
+  // scaled scores; O and the LSE are those of that softmax. A row that sees
+  // no key gets O = 0 and L = sink. Values must be finite (device memory:
+  // not checked).
+  const float* sinks = nullptr;
+
   Fp8Scales fp8;  // with dtype kE4M3 only
 
   KernelOptions options;
@@ -155,7 +163,7 @@ struct ForwardArgs {
 // built for.
 Status validate(const ForwardArgs& args);
 
-// O = softmax(scale * Q K^T [+ causal mask]) V, and the LSE if asked for.
+// O = softmax(scale * Q K^T [+ causal mask] [, sinks]) V, and the LSE if asked for.
 // Validates first (including that the current device is sm_90), then enqueues
 // the kernel on `stream`. Asynchronous: errors of the kernel itself surface at
 // the next synchronization, as with any CUDA launch. A launch with more
@@ -196,6 +204,14 @@ struct BackwardArgs {
   float softmax_scale = 0.0f;  // as in ForwardArgs: 0 selects 1/sqrt(head_dim)
   bool causal = false;
 
+  // The forward's sinks (ForwardArgs::sinks), or nullptr. With them, dsinks
+  // (float32 [heads_q], or nullptr for no sink gradient) is written, not
+  // accumulated: dLoss/dsink of each head, summed over batch and rows in a
+  // fixed order (bitwise reproducible in either mode); zeros when there is
+  // no query row.
+  const float* sinks = nullptr;
+  float* dsinks = nullptr;
+
   // dQ is summed over key blocks in global memory. By default the order of
   // that sum varies between runs (last bits of dQ differ); deterministic mode
   // fixes the order, so runs are bitwise identical, at some speed.
@@ -224,7 +240,8 @@ Status validate(const BackwardArgs& args);
 
 // Validates, then enqueues the backward kernels on `stream` (asynchronous).
 // With batch 0, or seqlen_q and seqlen_k both 0, there is no gradient to
-// write: it validates and returns, without touching the device.
+// write but dsinks' zeros: it validates, clears dsinks if given, and returns,
+// otherwise without touching the device.
 Status backward(const BackwardArgs& args, cudaStream_t stream);
 
 // FP8 quantization for the forward pass (paper §3.3): Q, K, V in bf16/fp16

@@ -64,6 +64,7 @@ class ForwardArgs(ctypes.Structure):
         ("lse", ctypes.c_void_p),
         ("softmax_scale", ctypes.c_float),
         ("causal", ctypes.c_bool),
+        ("sinks", ctypes.c_void_p),
         ("fp8", Fp8Scales),
         ("options", KernelOptions),
         ("tile_counter", ctypes.c_void_p),
@@ -83,6 +84,8 @@ class BackwardArgs(ctypes.Structure):
         ("dv", TensorRef),
         ("softmax_scale", ctypes.c_float),
         ("causal", ctypes.c_bool),
+        ("sinks", ctypes.c_void_p),
+        ("dsinks", ctypes.c_void_p),
         ("deterministic", ctypes.c_bool),
         ("workspace", ctypes.c_void_p),
     ]

@@ -103,8 +103,11 @@ def _forward_outputs(q, out_dtype, with_lse=True):
             q.new_empty((b, hq, sq), dtype=torch.float32) if with_lse else None)
 
 
-def _backward_outputs(q, k, v):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _backward_outputs(q, k, v, sinks):
+    """dQ, dK, dV and dsinks: (0,)-shaped without sinks (an operator's
+    outputs are tensors)."""
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty((0,) if sinks is None else sinks.shape, dtype=torch.float32))
 
 
 def scale_shape(granularity, batch, heads, seqlen, block):
@@ -131,7 +134,7 @@ def _quantize_outputs(q, k, v, granularity):
 # ---- the structs, from tensors (any device: test_abi.py fills them on the CPU)
 
 
-def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter):
+def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sinks=None):
     args = _abi.ForwardArgs()
     q_scale = scales[0]
     if q_scale is None:
@@ -145,17 +148,20 @@ def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter):
     # tensor is a measurable part of a tiny call's host time.
     _pack_forward(args, 0, DTYPES[q.dtype], b, sq, ks[1], hq, ks[2], d, q.data_ptr(), *q.stride(), k.data_ptr(),
                   *k.stride(), v.data_ptr(), *v.stride(), out.data_ptr(), *out.stride(),
-                  0 if lse is None else lse.data_ptr(), softmax_scale, causal, *fp8, *_ALL_ON,
+                  0 if lse is None else lse.data_ptr(), softmax_scale, causal,
+                  0 if sinks is None else sinks.data_ptr(), *fp8, *_ALL_ON,
                   0 if counter is None else counter.data_ptr())
     return args
 
 
-def backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic):
+def backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, sinks=None,
+                  dsinks=None):
     """BackwardArgs without a workspace (set once its size is known)."""
     args = _abi.BackwardArgs()
     b, sq, hq, d = q.shape
     _pack_backward(args, 0, DTYPES[q.dtype], b, sq, k.shape[1], hq, k.shape[2], d, *_ref(q), *_ref(k), *_ref(v),
                    *_ref(out), *_ref(dout), lse.data_ptr(), *_ref(dq), *_ref(dk), *_ref(dv), softmax_scale, causal,
+                   0 if sinks is None else sinks.data_ptr(), 0 if dsinks is None else dsinks.data_ptr(),
                    deterministic, 0)
     return args
 
@@ -177,7 +183,7 @@ def quantize_args(q, k, v, outs, granularity, hadamard, seed):
 
 
 @_on_tensor_device
-def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse):
+def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks=None):
     """(out, lse) on the tensors' device and current stream; lse None
     without with_lse (the kernel then writes none)."""
     lib = _abi.load()
@@ -186,27 +192,29 @@ def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse):
     out, lse = _forward_outputs(q, out_dtype, with_lse)
     index = q.get_device()
     counter = _tile_counter(index)
-    _run(lib.forward, forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter), _raw_stream(index),
-         "forward")
+    _run(lib.forward, forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sinks),
+         _raw_stream(index), "forward")
     return out, lse
 
 
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_scale: Optional[Tensor], k_scale: Optional[Tensor],
                   v_scale: Optional[Tensor], softmax_scale: float, causal: bool, deterministic: bool,
-                  out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+                  out_dtype: torch.dtype, sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     # `deterministic` is the backward's mode: an input here so that autograd
     # (setup_context) sees it; the forward is deterministic anyway.
-    return _forward(q, k, v, (q_scale, k_scale, v_scale), softmax_scale, causal, out_dtype, True)
+    return _forward(q, k, v, (q_scale, k_scale, v_scale), softmax_scale, causal, out_dtype, True, sinks)
 
 
 @_on_tensor_device
-def _backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                   softmax_scale: float, causal: bool, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
+                   causal: bool, deterministic: bool,
+                   sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     lib = _abi.load()
     q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
     dout, out = _kernel_readable(dout), _head_dim_contiguous(out)
-    dq, dk, dv = _backward_outputs(q, k, v)
-    args = backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic)
+    dq, dk, dv, dsinks = _backward_outputs(q, k, v, sinks)
+    args = backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, sinks,
+                         None if sinks is None else dsinks)
     size = ctypes.c_size_t()
     buf = _abi.message_buffer()
     _abi.raise_for_status(lib.backward_workspace_size(_byref(args), _byref(size), buf, _abi.MESSAGE_BYTES), buf,
@@ -215,7 +223,7 @@ def _backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
         workspace = torch.empty(size.value, dtype=torch.uint8, device=q.device)  # alive until the launch
         args.workspace = workspace.data_ptr()
     _run(lib.backward, args, _raw_stream(q.device.index), "backward")
-    return dq, dk, dv
+    return dq, dk, dv, dsinks
 
 
 @_on_tensor_device
@@ -237,13 +245,13 @@ quantize_fp8 = torch.library.custom_op("flash3::quantize_fp8", _quantize_impl, m
 
 
 @fwd.register_fake
-def _forward_fake(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype):
+def _forward_fake(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype, sinks=None):
     return _forward_outputs(q, out_dtype)
 
 
 @bwd.register_fake
-def _backward_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic):
-    return _backward_outputs(q, k, v)
+def _backward_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, sinks=None):
+    return _backward_outputs(q, k, v, sinks)
 
 
 @quantize_fp8.register_fake
@@ -251,8 +259,8 @@ def _quantize_fake(q, k, v, granularity, hadamard, seed):
     return _quantize_outputs(q, k, v, granularity)
 
 
-def _save(ctx, q, k, v, out, lse, softmax_scale, causal, deterministic, lse_is_output=True):
-    ctx.save_for_backward(q, k, v, out, lse)
+def _save(ctx, q, k, v, out, lse, sinks, softmax_scale, causal, deterministic, lse_is_output=True):
+    ctx.save_for_backward(q, k, v, out, lse, sinks)
     ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
     if lse_is_output:
         # The backward kernel gives no gradient through the LSE: using it in
@@ -261,20 +269,23 @@ def _save(ctx, q, k, v, out, lse, softmax_scale, causal, deterministic, lse_is_o
 
 
 def _gradients(ctx, dout, backward):
-    q, k, v, out, lse = ctx.saved_tensors
+    """dQ, dK, dV and the sinks' gradient (None without sinks)."""
+    q, k, v, out, lse, sinks = ctx.saved_tensors
     if q.dtype == torch.float8_e4m3fn:
         raise NotImplementedError("flash3: the backward pass takes bfloat16 or float16 inputs; the FP8 "
                                   "(float8_e4m3fn) path is forward only")
-    return backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic)
+    dq, dk, dv, dsinks = backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic, sinks)
+    return dq, dk, dv, None if sinks is None else dsinks
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, _, _, _, softmax_scale, causal, deterministic, _ = inputs
-    _save(ctx, q, k, v, output[0], output[1], softmax_scale, causal, deterministic)
+    q, k, v, _, _, _, softmax_scale, causal, deterministic, _, sinks = inputs
+    _save(ctx, q, k, v, output[0], output[1], sinks, softmax_scale, causal, deterministic)
 
 
 def _fwd_backward(ctx, dout, dlse):
-    return _gradients(ctx, dout, bwd) + (None,) * 7
+    dq, dk, dv, dsinks = _gradients(ctx, dout, bwd)
+    return (dq, dk, dv) + (None,) * 7 + (dsinks,)
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -284,14 +295,15 @@ class _EagerAttention(torch.autograd.Function):
     """flash3::fwd's autograd without the dispatcher: the same implementations
     called directly, for eager calls on plain CUDA tensors (the custom op's
     Python dispatch costs several times SDPA's per-call overhead). The
-    arguments past q, k, v come as one tuple, and the LSE is an output only
-    when the caller asked for it: each argument and output costs host time."""
+    arguments past the differentiable ones come as one tuple, and the LSE is
+    an output only when the caller asked for it: each argument and output
+    costs host time."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rest):
+    def forward(ctx, q, k, v, sinks, rest):
         scales, softmax_scale, causal, deterministic, out_dtype, with_lse = rest
-        out, lse = _forward(q, k, v, scales, softmax_scale, causal, out_dtype, True)
-        _save(ctx, q, k, v, out, lse, softmax_scale, causal, deterministic, lse_is_output=with_lse)
+        out, lse = _forward(q, k, v, scales, softmax_scale, causal, out_dtype, True, sinks)
+        _save(ctx, q, k, v, out, lse, sinks, softmax_scale, causal, deterministic, lse_is_output=with_lse)
         return (out, lse) if with_lse else out
 
     @staticmethod
@@ -315,19 +327,22 @@ def _eager(q, k, v):
             and not torch._C._are_functorch_transforms_active())
 
 
-def attention(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype, with_lse=True):
-    """(out, lse) of checked arguments, differentiable in q, k, v. Without
-    with_lse the LSE may be left out (None) where nothing else needs it: an
-    eager call without gradients, the common inference call, allocates and
-    writes no LSE."""
+def attention(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype, with_lse=True,
+              sinks=None):
+    """(out, lse) of checked arguments, differentiable in q, k, v and sinks.
+    Without with_lse the LSE may be left out (None) where nothing else needs
+    it: an eager call without gradients, the common inference call,
+    allocates and writes no LSE."""
     if _eager(q, k, v):
         scales = (q_scale, k_scale, v_scale)
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                        or (sinks is not None and sinks.requires_grad)):
             result = _eager_apply(_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v),
+                                  None if sinks is None else _unwrap_if_dead(sinks),
                                   (scales, softmax_scale, causal, deterministic, out_dtype, with_lse))
             return result if with_lse else (result, None)
-        return _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse)
-    return fwd(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype)
+        return _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks)
+    return fwd(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype, sinks)
 
 
 def quantize(q, k, v, granularity, hadamard, seed):

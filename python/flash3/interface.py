@@ -152,10 +152,31 @@ def _fp8_scales(q, k, q_descale, k_descale, v_descale):
     return scales
 
 
+_SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _checked_sinks(sinks, q):
+    """The sinks as the kernels read them (float32, one per query head,
+    dense), converted differentiably; None stays None. Their values live on
+    the device and are not read here: they must be finite."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise ValueError(f"sinks: must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if tuple(sinks.shape) != (q.shape[2],):
+        raise ValueError(f"sinks: must have shape ({q.shape[2]},), one logit per query head, got {tuple(sinks.shape)}")
+    if sinks.dtype not in _SINK_DTYPES:
+        raise ValueError(f"sinks: must be torch.float32, torch.bfloat16 or torch.float16, got {sinks.dtype}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks: must be on q's device {q.device}, got {sinks.device}")
+    return sinks.float().contiguous()
+
+
 def _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic, return_attn_probs,
-            out_dtype):
+            out_dtype, sinks):
     """flash_attn_func and flash_attn_qkvpacked_func past their own arguments."""
     _check_qkv(q, k, v, _ops.DTYPES)
+    sinks = _checked_sinks(sinks, q)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     else:
@@ -184,13 +205,14 @@ def _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, det
         out_dtype = q.dtype
         scales = (None, None, None)
     out, lse = _ops.attention(q, k, v, *scales, softmax_scale, bool(causal), bool(deterministic), out_dtype,
-                              bool(return_attn_probs))
+                              bool(return_attn_probs), sinks)
     return (out, lse) if return_attn_probs else out
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                     v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
-                    pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False, *, out_dtype=None):
+                    pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False, *, out_dtype=None,
+                    sinks=None):
     """softmax(softmax_scale * q k^T [causal mask]) v, as FlashAttention-3's.
 
     q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv,
@@ -208,9 +230,14 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     (out, lse), lse the float32 [batch, heads_q, seqlen_q] log-sum-exp of
     each row's scaled scores.
 
+    sinks: attention sinks (as in gpt-oss), a [heads_q] tensor of logits
+    (float32, bfloat16 or float16; finite), one per query head, that join
+    each row's softmax denominator without a value; differentiable. A row
+    that sees no key then gives zeros and an LSE of its sink.
+
     qv, window_size, attention_chunk, softcap, num_splits, pack_gqa and
     sm_margin are FlashAttention-3's; any value but the default raises
-    NotImplementedError. out_dtype is flash3's own.
+    NotImplementedError. out_dtype and sinks are flash3's own.
     """
     if not (qv is None and pack_gqa is None and type(window_size) is tuple and window_size == (-1, -1)
             and type(attention_chunk) is int and attention_chunk == 0 and type(softcap) is float and softcap == 0.0
@@ -219,16 +246,17 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                        softcap=(softcap, 0.0), num_splits=(num_splits, 1), pack_gqa=(pack_gqa, None),
                        sm_margin=(sm_margin, 0))
     return _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic,
-                   return_attn_probs, out_dtype)
+                   return_attn_probs, out_dtype, sinks)
 
 
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None,
                               window_size=(-1, -1), attention_chunk=0, softcap=0.0, deterministic=False,
-                              num_heads_q=None, sm_margin=0, return_attn_probs=False, *, out_dtype=None):
+                              num_heads_q=None, sm_margin=0, return_attn_probs=False, *, out_dtype=None, sinks=None):
     """flash_attn_func on one packed tensor, read in place (no copy):
     qkv [batch, seqlen, 3, heads, head_dim], or [batch, seqlen, heads_q + 2 *
     heads_kv, head_dim] with num_heads_q (GQA/MQA), Q's heads first, then K's,
-    then V's. Its gradient is one tensor of qkv's shape."""
+    then V's. Its gradient is one tensor of qkv's shape. sinks as in
+    flash_attn_func."""
     _not_supported(window_size=(window_size, (-1, -1)), attention_chunk=(attention_chunk, 0),
                    softcap=(softcap, 0.0), sm_margin=(sm_margin, 0))
     if not isinstance(qkv, torch.Tensor):
@@ -251,7 +279,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
         raise ValueError(f"qkv: must have 5 dims [batch, seqlen, 3, heads, head_dim] or 4 with num_heads_q, "
                          f"got shape {tuple(qkv.shape)}")
     return _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic,
-                   return_attn_probs, out_dtype)
+                   return_attn_probs, out_dtype, sinks)
 
 
 def quantize_fp8(q, k, v, granularity="block", hadamard=False, seed=0):

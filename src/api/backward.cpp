@@ -1,5 +1,7 @@
 // backward(): validate, return if there is no gradient to write, check the
 // device, then hand over to the instance compiled for the (dtype, head dim).
+#include <cuda_runtime_api.h>
+
 #include <string>
 
 #include "api/checks.h"
@@ -32,6 +34,13 @@ size_t backward_workspace_size(BackwardArgs const& a) {
 
 Status backward(BackwardArgs const& args, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
+  // No query row: the sinks' gradient is zero.
+  if (args.dsinks != nullptr && (args.batch == 0 || args.seqlen_q == 0)) {
+    if (cudaError_t const err = cudaMemsetAsync(args.dsinks, 0, size_t(args.heads_q) * sizeof(float), stream);
+        err != cudaSuccess) {
+      return Status(Status::Code::kCudaError, std::string("backward: dsinks: ") + cudaGetErrorString(err));
+    }
+  }
   // No gradient to write: a no-op, even without a device.
   if (args.batch == 0 || (args.seqlen_q == 0 && args.seqlen_k == 0)) return Status();
   DeviceInfo device;

@@ -78,8 +78,10 @@ Status validate(ForwardArgs const& a) {
     if (Status s = checks::tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
     if (Status s = checks::tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
   }
-  // LSE's layout is fixed and dense, so it cannot overlap itself: only its alignment to check.
+  // LSE's and the sinks' layouts are fixed and dense, so they cannot overlap
+  // themselves: only their alignment to check.
   if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
+  if (reinterpret_cast<uintptr_t>(a.sinks) % alignof(float) != 0) return invalid("sinks: must be 4-byte aligned");
   // The kernel's atomics on the counter need its natural alignment.
   if (reinterpret_cast<uintptr_t>(a.tile_counter) % alignof(int) != 0) {
     return invalid("tile_counter: must be 4-byte aligned");
@@ -95,6 +97,10 @@ Status validate(BackwardArgs const& a) {
                                a.softmax_scale);
       !s.ok()) {
     return s;
+  }
+  if (a.dsinks != nullptr && a.sinks == nullptr) return invalid("dsinks: given without sinks");
+  for (auto const& [name, p] : {std::pair<char const*, void const*>{"sinks", a.sinks}, {"dsinks", a.dsinks}}) {
+    if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) return invalid(std::string(name) + ": must be 4-byte aligned");
   }
   if (a.batch == 0 || (a.seqlen_q == 0 && a.seqlen_k == 0)) return Status();  // no gradient to write
   if (a.seqlen_q > 0) {

@@ -18,6 +18,7 @@
 #include "bwd/kernel.h"
 #include "bwd/postprocess.h"
 #include "bwd/preprocess.h"
+#include "bwd/sink_gradient.h"
 #include "bwd/tail_split.h"
 #include "bwd/workspace.h"
 #include "common/dependent_launch.h"
@@ -220,6 +221,13 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     SumGroupsParams<Element> const sum = sum_groups_params<Element>(a, dk_accum, dv_accum);
     err = launch_dependent(sum_groups_kernel<Element>, dim3(sum_groups_ctas(sum)), dim3(kSumGroupsThreads), 0, stream,
                            sum);
+    if (err != cudaSuccess) return err;
+  }
+  // Last, in plain stream order: after the preprocess, which runs beside the
+  // main kernel and would lose that overlap to a launch between them.
+  if (a.dsinks != nullptr) {
+    err = launch_sink_gradient({a.sinks, lse_log2, dpsum, a.dsinks, int(a.batch), int(a.heads_q), pre.padded_rows},
+                               stream);
   }
   return err;
 }

@@ -9,6 +9,8 @@
 // tile) are skipped, and the TMA store's bounds clip the rows past seqlen_q.
 #pragma once
 
+#include <cmath>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
@@ -46,14 +48,22 @@ struct Epilogue {
     TmaO tma_o;
     GmemShape shape_o;
     float* lse;  // [batch, heads, seqlen_q] or nullptr
+    float const* sinks;  // [heads] or nullptr
     int seqlen_q;
     int num_heads;
     int row_offset;  // rows above the sequence in the first tile (tile_first_row)
   };
 
-  static Params make_params(GmemTensor const& o, float* lse, int seqlen_q, int num_heads, int row_offset) {
+  static Params make_params(GmemTensor const& o, float* lse, float const* sinks, int seqlen_q, int num_heads,
+                            int row_offset) {
     return {make_tma_copy(SM90_TMA_STORE{}, o, SmemLayoutOStore{}, TileShapeOStore{}, _1{}), o.shape(), lse,
-            seqlen_q, num_heads, row_offset};
+            sinks, seqlen_q, num_heads, row_offset};
+  }
+
+  // The head's sink in the softmax's log2 units, -inf without sinks (which
+  // leaves the softmax's denominator as it is).
+  CUTE_DEVICE static float sink_log2(Params const& p, int head) {
+    return p.sinks == nullptr ? -INFINITY : p.sinks[head] * float(M_LOG2E);
   }
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {

@@ -228,7 +228,7 @@ struct Kernel {
       ++read_q;
       // Line 24: O / l and the LSE; line 25, the epilogue.
       float o_scale[2];
-      softmax.finalize(o_scale, done_lse);
+      softmax.finalize(o_scale, done_lse, EpilogueT::sink_log2(params.epilogue, tile.head));
       o_scale[0] *= o_descale;
       o_scale[1] *= o_descale;
       rescale_rows(tOrO, o_scale);

@@ -48,7 +48,7 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
       gmem_tensor<Traits>(a.v, a.seqlen_k, a.heads_kv, a.batch), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
       int(a.seqlen_k), row_offset, scale, q_scale, k_scale, v_scale);
   params.epilogue = Epilogue<Traits>::make_params(
-      gmem_tensor<Traits, void*, typename Traits::ElementO>(a.o, a.seqlen_q, a.heads_q, a.batch), a.lse,
+      gmem_tensor<Traits, void*, typename Traits::ElementO>(a.o, a.seqlen_q, a.heads_q, a.batch), a.lse, a.sinks,
       int(a.seqlen_q), int(a.heads_q), row_offset);
 
   int const num_m_blocks = int((a.seqlen_q + row_offset + Traits::kBlockM - 1) / Traits::kBlockM);

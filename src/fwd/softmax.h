@@ -91,14 +91,22 @@ struct OnlineSoftmax {
   }
 
   // Line 24: the final 1/l_i for O, and L_i = m_i + log(l_i) (natural log).
-  // A row that saw no key gets O = 0 and L = +inf, as FlashAttention.
-  CUTE_DEVICE void finalize(float (&o_scale)[kRows], float (&lse)[kRows]) {
+  // A sink (sink_log2, in m's log2 units; -inf for none) joins l_i without a
+  // value; both are taken relative to the larger of m_i and the sink, so
+  // that neither overflows. A row that saw no key gets O = 0 and L = +inf
+  // (as FlashAttention), or L = sink with one.
+  CUTE_DEVICE void finalize(float (&o_scale)[kRows], float (&lse)[kRows], float sink_log2) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float const sum = quad_allreduce(row_sum[r], [](float a, float b) { return a + b; });
-      bool const empty = sum == 0.f || sum != sum;
-      o_scale[r] = empty ? 0.f : 1.f / sum;
-      lse[r] = empty ? INFINITY : (row_max[r] - float(kPLog2Max)) * float(M_LN2) + logf(sum);
+      bool const seen = sum > 0.f;  // false also for NaN
+      float const m = seen ? row_max[r] - float(kPLog2Max) : -INFINITY;
+      float const top = fmaxf(m, sink_log2);
+      float const keys = seen ? exp2f(m - top) : 0.f;  // the keys' share, relative to top
+      float const total = sum * keys + (sink_log2 == -INFINITY ? 0.f : exp2f(sink_log2 - top));
+      bool const empty = !(total > 0.f);
+      o_scale[r] = empty ? 0.f : keys / total;
+      lse[r] = empty ? INFINITY : top * float(M_LN2) + logf(total);
     }
   }
 };

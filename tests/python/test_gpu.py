@@ -45,11 +45,23 @@ def _heads_first(q, k, v):
             v.repeat_interleave(group, 2).transpose(1, 2))
 
 
-def reference(q, k, v, causal, scale):
+def _with_sinks(scores, sinks):
+    """The scores with each head's sink as one more column."""
+    b, h, sq, _ = scores.shape
+    return torch.cat([scores, sinks.to(scores.dtype)[None, :, None, None].expand(b, h, sq, 1)], -1)
+
+
+def reference(q, k, v, causal, scale, sinks=None):
     """(out, lse) in float64 by PyTorch's math SDPA, differentiable. A row that
-    sees no key gives zeros (gradient zero) and an LSE of +inf, as flash3."""
+    sees no key gives zeros (gradient zero) and an LSE of +inf, as flash3.
+    With sinks, each head's sink joins the softmax as a column without a
+    value (a row that sees no key then has its sink as LSE)."""
     qt, kt, vt = _heads_first(q.double(), k.double(), v.double())
     mask = visible(q.shape[1], k.shape[1], causal, q.device)
+    if sinks is not None:
+        scores = _with_sinks(((qt @ kt.transpose(-1, -2)) * scale).masked_fill(~mask, -math.inf), sinks.double())
+        lse = scores.logsumexp(-1)
+        return (torch.exp(scores - lse[..., None])[..., :-1] @ vt).transpose(1, 2), lse
     empty = ~mask.any(-1)
     # An all-masked row would be NaN: it sees every key here, then is zeroed.
     with sdpa_kernel(SDPBackend.MATH):
@@ -60,14 +72,17 @@ def reference(q, k, v, causal, scale):
     return out.transpose(1, 2), lse
 
 
-def straightforward(q, k, v, causal, scale):
+def straightforward(q, k, v, causal, scale, sinks=None):
     """The attention as a plain implementation in q's dtype computes it (S and
     P rounded to the dtype, the softmax in float32): the yardstick of the
     tolerance. Differentiable."""
     qt, kt, vt = _heads_first(q, k, v)
     s = ((qt @ kt.transpose(-1, -2)) * scale).float()
     s = s.masked_fill(~visible(q.shape[1], k.shape[1], causal, q.device), -math.inf)
-    p = torch.softmax(s, -1).nan_to_num(0.0).to(q.dtype)
+    if sinks is not None:
+        s = _with_sinks(s, sinks)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    p = (p if sinks is None else p[..., :-1]).to(q.dtype)
     return (p @ vt).transpose(1, 2)
 
 
@@ -139,23 +154,45 @@ def run_case(dtype, causal, c):
     k = make((b, sk, hkv, d), dtype, c["layouts"][1])
     v = make((b, sk, hkv, d), dtype, c["layouts"][2])
     scale = c["scale"] if c["scale"] is not None else d ** -0.5
-    out, lse = flash3.flash_attn_func(q, k, v, softmax_scale=c["scale"], causal=causal, return_attn_probs=True)
+    # Sinks around the scores' own size, some above every score of a row.
+    sinks = (2 * torch.randn(hq, device="cuda")).requires_grad_() if c.get("sinks") else None
+    inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
+    out, lse = flash3.flash_attn_func(q, k, v, softmax_scale=c["scale"], causal=causal, return_attn_probs=True,
+                                      sinks=sinks)
     dout = make((b, sq, hq, d), dtype, c["layouts"][3]).detach()
-    grads = torch.autograd.grad(out, (q, k, v), dout)
+    grads = torch.autograd.grad(out, inputs, dout)
 
-    refs = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref_out, ref_lse = reference(*refs, causal, scale)
+    refs = [t.detach().double().requires_grad_() for t in inputs]
+    ref_out, ref_lse = reference(*refs[:3], causal, scale, *refs[3:])
     ref_grads = torch.autograd.grad(ref_out, refs, dout.double())
-    lows = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    low_out = straightforward(*lows, causal, scale)
+    lows = [t.detach().clone().requires_grad_() for t in inputs]
+    low_out = straightforward(*lows[:3], causal, scale, *lows[3:])
     low_grads = torch.autograd.grad(low_out, lows, dout)
 
     assert out.dtype == dtype and out.shape == q.shape
     check_output(f"out {c}", out, ref_out, low_out)
     check_lse(lse, ref_lse)
-    for name, x, g, r, lo in zip(("dq", "dk", "dv"), (q, k, v), grads, ref_grads, low_grads):
-        assert g.dtype == dtype and g.shape == x.shape
+    if sinks is not None:
+        check_sink_gradient(c, grads[3], sinks, dout, out, lse, ref_out, ref_grads[3])
+    for name, x, g, r, lo in zip(("dq", "dk", "dv"), inputs, grads, ref_grads, low_grads):
+        assert g.dtype == x.dtype and g.shape == x.shape
         check_gradient(f"{name} {c}", g, r, lo)
+
+
+def check_sink_gradient(c, got, sinks, dout, out, lse, ref_out, ref):
+    """The sinks' gradient, -sum_i P_sink,i D_i with D_i = rowsum(dO_i o O_i),
+    taken (as every fused backward takes D) from the kernel's own rounded O:
+    exact on flash3's O and LSE, and off the float64 one by at most what O's
+    error, checked against its own bound, moves each D_i."""
+    p_sink = torch.exp(sinks.detach().double()[None, :, None] - lse.double())  # [b, hq, sq]
+    d_own = (dout.double() * out.double()).sum(-1).transpose(1, 2)
+    own = -(p_sink * d_own).sum((0, 2))
+    scale = (p_sink * d_own.abs()).sum((0, 2))
+    assert got.dtype == torch.float32 and got.shape == sinks.shape
+    assert bool(((got.double() - own).abs() <= 1e-5 * scale + 1e-6).all()), f"dsinks {c}: {got} against {own}"
+    d_err = (dout.double().abs() * (out.double() - ref_out.detach()).abs()).sum(-1).transpose(1, 2)
+    bound = (p_sink * d_err).sum((0, 2)) * 1.001 + 1e-5 * scale + 1e-6
+    assert bool(((got.double() - ref).abs() <= bound).all()), f"dsinks {c}: {got} against {ref}, bound {bound}"
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -208,6 +245,33 @@ def test_queries_that_see_no_key(gpu):
                               layouts=["contiguous"] * 4, scale=None))
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
+def test_sinks_against_float64(gpu, head_dim, causal):
+    rng = random.Random(f"flash3 sinks {head_dim} {causal}")
+    torch.manual_seed(rng.randrange(2 ** 31))
+    for dtype in (BF16, FP16):
+        run_case(dtype, causal, dict(random_case(rng, head_dim), sinks=True))
+
+
+def test_sinks_of_rows_that_see_no_key(gpu):
+    # Causal with more queries than keys: the first rows see only their sink
+    # (zeros, the sink as LSE, nothing added to its gradient).
+    torch.manual_seed(6)
+    run_case(BF16, True, dict(batch=2, seqlen_q=300, seqlen_k=20, heads_q=4, heads_kv=2, head_dim=128,
+                              layouts=["contiguous"] * 4, scale=None, sinks=True))
+
+
+def test_sinks_gradient_is_bitwise_reproducible(gpu):
+    torch.manual_seed(8)
+    q, k, v = (torch.randn(2, 700, h, 128, device=gpu, dtype=BF16, requires_grad=True) for h in (8, 2, 2))
+    sinks = torch.randn(8, device=gpu, requires_grad=True)
+    out = flash3.flash_attn_func(q, k, v, causal=True, sinks=sinks)
+    dout = torch.randn_like(out)
+    first = torch.autograd.grad(out, sinks, dout, retain_graph=True)[0]
+    assert torch.equal(first, torch.autograd.grad(out, sinks, dout)[0])
+
+
 def test_packed_qkv_is_flash_attn_func_on_its_views(gpu):
     torch.manual_seed(4)
     for packed, num_heads_q in ((torch.randn(2, 257, 3, 4, 128, device=gpu, dtype=BF16), None),
@@ -238,13 +302,16 @@ def dequantize(x8, scale, block):
     return x * scale.double()[:, :, rows].permute(0, 2, 1)[..., None]
 
 
-def straightforward_fp8(q, k, v, causal, scale, out_dtype):
+def straightforward_fp8(q, k, v, causal, scale, out_dtype, sinks=None):
     """Attention of dequantized inputs with P rounded to e4m3 and O to
     out_dtype, in float32: the FP8 tolerance's yardstick."""
     qt, kt, vt = _heads_first(q.float(), k.float(), v.float())
     s = (qt @ kt.transpose(-1, -2)) * scale
     s = s.masked_fill(~visible(q.shape[1], k.shape[1], causal, q.device), -math.inf)
-    p = torch.softmax(s, -1).nan_to_num(0.0).to(E4M3).float()
+    if sinks is not None:
+        s = _with_sinks(s, sinks)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    p = (p if sinks is None else p[..., :-1]).to(E4M3).float()
     return (p @ vt).transpose(1, 2).to(out_dtype)
 
 
@@ -261,16 +328,18 @@ def test_fp8_against_dequantized_reference(gpu, granularity, head_dim, causal):
                    for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
         q, k, v = q.to(BF16), k.to(BF16), v.to(BF16)
         hadamard, out_dtype = rng.random() < 0.5, rng.choice([BF16, FP16])
+        sinks = 2 * torch.randn(hq, device=gpu) if rng.random() < 0.5 else None
         q8, k8, v8, qs, ks, vs = flash3.quantize_fp8(q, k, v, granularity=granularity, hadamard=hadamard,
                                                      seed=rng.randrange(2 ** 63))
         out, lse = flash3.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs,
-                                          return_attn_probs=True, out_dtype=out_dtype)
+                                          return_attn_probs=True, out_dtype=out_dtype, sinks=sinks)
         qd, kd, vd = dequantize(q8, qs, block_q), dequantize(k8, ks, block_kv), dequantize(v8, vs, block_kv)
         scale = head_dim ** -0.5
-        ref_out, ref_lse = reference(qd, kd, vd, causal, scale)
-        case = f"b{b} sq{sq} sk{sk} h{hq}/{hkv} hadamard={hadamard} {out_dtype}"
+        ref_out, ref_lse = reference(qd, kd, vd, causal, scale, sinks)
+        case = f"b{b} sq{sq} sk{sk} h{hq}/{hkv} hadamard={hadamard} {out_dtype} sinks={sinks is not None}"
         assert out.dtype == out_dtype
-        check_output(f"fp8 out {case}", out, ref_out, straightforward_fp8(qd, kd, vd, causal, scale, out_dtype))
+        check_output(f"fp8 out {case}", out, ref_out,
+                     straightforward_fp8(qd, kd, vd, causal, scale, out_dtype, sinks))
         # FP8 WGMMA accumulates with about 14 mantissa bits: S = QK^T carries
         # up to 2^-13 of sum |q_c k_c| per k-step of 32 (the C++ FP8 test's slack).
         accumulation = (head_dim / 32) * 2.0 ** -13 * scale
@@ -471,15 +540,21 @@ def _op_cases(device):
     d = [t.detach() for t in (q, k, v)]
     out, lse = torch.ops.flash3.fwd(*d, None, None, None, 128 ** -0.5, True, True, BF16)
     q8, k8, v8, qs, ks, vs = torch.ops.flash3.quantize_fp8(*d, _abi.PER_BLOCK, False, 0)
+    sinks = torch.randn(4, device=device, requires_grad=True)
+    out_s, lse_s = torch.ops.flash3.fwd(*d, None, None, None, 128 ** -0.5, False, False, BF16, sinks.detach())
     return [
         ("fwd", torch.ops.flash3.fwd.default, (q, k, v, None, None, None, 128 ** -0.5, True, True, BF16)),
         ("fwd fp8", torch.ops.flash3.fwd.default, (q8, k8, v8, qs, ks, vs, 128 ** -0.5, False, False, FP16)),
         ("bwd", torch.ops.flash3.bwd.default, (torch.randn_like(out), *d, out, lse, 128 ** -0.5, True, True)),
+        ("fwd sinks", torch.ops.flash3.fwd.default,
+         (q, k, v, None, None, None, 128 ** -0.5, False, False, BF16, sinks)),
+        ("bwd sinks", torch.ops.flash3.bwd.default,
+         (torch.randn_like(out_s), *d, out_s, lse_s, 128 ** -0.5, False, True, sinks.detach())),
         ("quantize", torch.ops.flash3.quantize_fp8.default, (*d, _abi.PER_HEAD, True, 3)),
     ]
 
 
-@pytest.mark.parametrize("index", range(4), ids=["fwd", "fwd-fp8", "bwd", "quantize"])
+@pytest.mark.parametrize("index", range(6), ids=["fwd", "fwd-fp8", "bwd", "fwd-sinks", "bwd-sinks", "quantize"])
 def test_opcheck(gpu, index):
     name, op, args = _op_cases(gpu)[index]
     tests = ["test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"]

@@ -83,6 +83,12 @@ def _bad_calls():
         ("packed softcap", lambda: flash3.flash_attn_qkvpacked_func(meta(2, 100, 3, 8, 128), softcap=1.0),
          NotImplementedError, "softcap"),
         ("packed not tensor", lambda: flash3.flash_attn_qkvpacked_func(None), ValueError, "qkv: must be a"),
+        ("sinks type", lambda: f(q, k, v, sinks=[0.0] * 8), ValueError, "sinks: must be a torch.Tensor"),
+        ("sinks shape", lambda: f(q, k, v, sinks=meta(2)), ValueError, "sinks: must have shape (8,)"),
+        ("sinks per kv head", lambda: f(q, k, v, sinks=meta(2, 8)), ValueError, "sinks: must have shape (8,)"),
+        ("sinks dtype", lambda: f(q, k, v, sinks=meta(8, dtype=torch.float64)), ValueError,
+         "sinks: must be torch.float32"),
+        ("sinks device", lambda: f(q, k, v, sinks=torch.zeros(8)), ValueError, "sinks: must be on q's device"),
         ("quantize dtype", lambda: flash3.quantize_fp8(q8, k8, v8), ValueError, "q: dtype torch.float8_e4m3fn"),
         ("quantize head dim", lambda: flash3.quantize_fp8(*qkv(d=96)), ValueError, "q: head_dim 96"),
         ("quantize granularity", lambda: flash3.quantize_fp8(q, k, v, granularity="row"), ValueError,
@@ -128,6 +134,16 @@ def test_forward_backward_shapes_on_meta(d, dtype):
     out.sum().backward()
     for t in (q, k, v):
         assert (t.grad.shape, t.grad.dtype, t.grad.stride()) == (t.shape, dtype, t.contiguous().stride())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_sinks_gradient_on_meta(dtype):
+    q, k, v = qkv(b=2, sq=77, sk=131, hq=6, hkv=2, d=128, requires_grad=True)
+    sinks = meta(6, dtype=dtype, requires_grad=True)
+    out, lse = flash3.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, sinks=sinks)
+    assert out.shape == q.shape and lse.shape == (2, 6, 77)
+    out.sum().backward()
+    assert (sinks.grad.shape, sinks.grad.dtype) == ((6,), dtype)
 
 
 def test_strided_inputs_give_contiguous_outputs_on_meta():
@@ -221,6 +237,10 @@ def _op_cases():
         ("fwd", torch.ops.flash3.fwd.default, (q, k, v, None, None, None, 0.125, True, False, BF16)),
         ("fwd fp8", torch.ops.flash3.fwd.default, (q8, k8, v8, *scales, 0.125, False, False, FP16)),
         ("bwd", torch.ops.flash3.bwd.default, (d[0], *d, d[0], lse, 0.125, True, True)),
+        ("fwd sinks", torch.ops.flash3.fwd.default,
+         (q, k, v, None, None, None, 0.125, True, False, BF16, meta(4, dtype=torch.float32, requires_grad=True))),
+        ("bwd sinks", torch.ops.flash3.bwd.default,
+         (d[0], *d, d[0], lse, 0.125, False, False, meta(4, dtype=torch.float32))),
         ("quantize", torch.ops.flash3.quantize_fp8.default, (*d, _abi.PER_BLOCK, True, 1)),
     ]
 
