@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -108,6 +109,7 @@ struct Config {
   int64_t batch = 1, seqlen = 1024, heads_q = 16, heads_kv = 16;
   flash3::KernelOptions options;
   bool deterministic = false;  // backward
+  bool sinks = false;          // a random sink per query head
   // FP8 (dtype kE4M3): the inputs are bf16 draws quantized by quantize_fp8.
   flash3::ScaleGranularity granularity = flash3::ScaleGranularity::kPerBlock;
   bool hadamard = false;
@@ -140,6 +142,7 @@ struct Options {
   int reps = 30;
   Regime regime;
   bool check = true, ablation = false, deterministic = false, fp8_accuracy = false, quant_bandwidth = false;
+  bool sinks = false;
   flash3::ScaleGranularity granularity = flash3::ScaleGranularity::kPerBlock;
   bool hadamard = false;
   flash3::KernelOptions options;  // --no-pingpong, --no-overlap, --no-ws: one technique off for the whole sweep
@@ -169,6 +172,8 @@ void usage() {
       "                         is timed, so that the power-capped card's clock has settled\n"
       "  --no-check             skip the reference check\n"
       "  --deterministic        backward in deterministic mode\n"
+      "  --sinks                a random attention sink per query head (the check covers O, dQ, dK,\n"
+      "                         dV; the sinks' own gradient is the tests')\n"
       "  --ablation             paper Table 2: batch 4, seqlen 8448, 16 heads, hdim 128, each technique off\n"
       "  --fp8-accuracy         paper Table 3: RMSE of O, inputs N(0,1) + N(0,100) Bernoulli(0.001)\n"
       "  --quant-bandwidth      quantize_fp8's bandwidth against a device-to-device copy (32k tokens,\n"
@@ -231,6 +236,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--no-check") o.check = false;
     else if (a == "--ablation") o.ablation = true;
     else if (a == "--deterministic") o.deterministic = true;
+    else if (a == "--sinks") o.sinks = true;
     else if (a == "--json") o.json = next();
     else if (a == "--csv") o.csv = next();
     else if (a == "--help" || a == "-h") { usage(); std::exit(0); }
@@ -432,6 +438,18 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
   a.lse = lse;
   Fp8Inputs fp8_inputs;
   flash3::Status quantized = fp8 ? fp8_inputs.quantize(a, c.granularity, c.hadamard) : flash3::Status();
+  // Sinks around the scores' own size (N(0, 2^2)), and their gradient.
+  float *sinks = nullptr, *dsinks = nullptr;
+  if (c.sinks) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.f, 2.f);
+    std::vector<float> host(c.heads_q);
+    for (float& x : host) x = normal(rng);
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&sinks), c.heads_q * 4));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dsinks), c.heads_q * 4));
+    CHECK_CUDA(cudaMemcpy(sinks, host.data(), c.heads_q * 4, cudaMemcpyHostToDevice));
+    a.sinks = sinks;
+  }
 
   flash3::BackwardArgs b;
   if (backward) {
@@ -460,6 +478,8 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
     b.dq = flash3::contiguous<void*>(dq, c.seqlen, c.heads_q, d);
     b.dk = flash3::contiguous<void*>(dk, c.seqlen, c.heads_kv, d);
     b.dv = flash3::contiguous<void*>(dv, c.seqlen, c.heads_kv, d);
+    b.sinks = sinks;
+    b.dsinks = dsinks;
     // The caller's workspace, as a training loop keeps one.
     CHECK_CUDA(cudaMalloc(&workspace, std::max<size_t>(1, flash3::backward_workspace_size(b))));
     b.workspace = workspace;
@@ -489,8 +509,9 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
           using flash3::reference::Fp8Emulation;
           CHECK_CUDA(fp8 ? flash3::reference::attention_gpu_fp8(shape, a.q, a.k, a.v, a.fp8, buf, nullptr,
                                                                 emulate ? Fp8Emulation::kFused : Fp8Emulation::kNone,
-                                                                nullptr)
-                         : flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, buf, nullptr, emulate, nullptr));
+                                                                nullptr, sinks)
+                         : flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, buf, nullptr, emulate, nullptr,
+                                                            sinks));
         }
         check_tensor(chk, "O", o, int64_t(q_elems), int64_t(q_elems), ref, low, q_elems, bf16, 1e-5f);
         cudaFree(ref);
@@ -508,9 +529,10 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
         CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&rounded_o), (sq + 2 * sk) * 4));
         for (auto [buf, emulate, o_used] : {std::tuple{ref, false, false}, std::tuple{low, true, false},
                                             std::tuple{rounded_o, false, true}}) {
+          // Query heads 0 .. group - 1: the sinks' first group.
           CHECK_CUDA(flash3::reference::attention_backward_gpu(shape, c.dtype, a.q, a.k, a.v, b.dout, buf, buf + sq,
                                                                buf + sq + sk, emulate, nullptr,
-                                                               o_used ? &b.o : nullptr));
+                                                               o_used ? &b.o : nullptr, sinks));
         }
         CHECK_CUDA(cudaDeviceSynchronize());
         auto eps = [&](size_t offset, size_t n) {
@@ -537,7 +559,7 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
     r.error = s.message();
   }
   for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
-                  workspace}) {
+                  workspace, (void*)sinks, (void*)dsinks}) {
     cudaFree(p);
   }
   return r;
@@ -792,6 +814,8 @@ int main(int argc, char** argv) {
             if (!c.options.warp_specialization) c.variant = "no-warp-specialization";
             if (!c.options.persistent) c.variant = "no-persistent";
             c.hadamard = opt.hadamard;
+            c.sinks = opt.sinks;
+            if (c.sinks) c.variant = c.variant == "default" ? "sinks" : c.variant + "+sinks";
             c.head_dim = d;
             c.causal = causal;
             c.seqlen = s;

@@ -75,6 +75,7 @@ struct Params {
   int64_t v_batch_stride, v_seq_stride, v_head_stride;
   float* o;
   float* lse;
+  const float* sinks;  // [heads_q] or nullptr
   int64_t seqlen_q, seqlen_k, heads_q, group, num_m_blocks;
   int head_dim;
   int kv_ld;  // row pitch of the K/V tile in shared memory
@@ -205,6 +206,16 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
     }
   }
 
+  // A sink joins each row's denominator without a value.
+  if (p.sinks != nullptr) {
+    const float sink = p.sinks[h];
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const float new_max = fmaxf(row_max[i], sink);
+      row_sum[i] = (row_max[i] == -INFINITY ? 0.0f : row_sum[i] * expf(row_max[i] - new_max)) + expf(sink - new_max);
+      row_max[i] = new_max;
+    }
+  }
+
   // Pass 2: P = exp(S - max) / sum, then O += P V.
   for (int64_t n0 = 0; n0 < n_end; n0 += kBlockN) {
     __syncthreads();
@@ -289,7 +300,7 @@ namespace {
 
 cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q, flash3::ConstTensor k,
                 flash3::ConstTensor v, const flash3::Fp8Scales* fp8, float* o, float* lse,
-                bool emulate_low_precision, bool standard_fp8, cudaStream_t stream) {
+                bool emulate_low_precision, bool standard_fp8, cudaStream_t stream, const float* sinks) {
   if (!is_valid(shape) || !is_plain(shape)) return cudaErrorInvalidValue;
   if (q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1) return cudaErrorInvalidValue;
   if (shape.batch == 0 || shape.seqlen_q == 0) return cudaSuccess;
@@ -319,6 +330,7 @@ cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstT
   p.v_head_stride = v.head_stride;
   p.o = o;
   p.lse = lse;
+  p.sinks = sinks;
   p.seqlen_q = shape.seqlen_q;
   p.seqlen_k = shape.seqlen_k;
   p.heads_q = shape.heads_q;
@@ -356,17 +368,17 @@ cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstT
 
 cudaError_t attention_gpu(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q,
                           flash3::ConstTensor k, flash3::ConstTensor v, float* o, float* lse,
-                          bool emulate_low_precision, cudaStream_t stream) {
+                          bool emulate_low_precision, cudaStream_t stream, const float* sinks) {
   if (dtype != flash3::DType::kBF16 && dtype != flash3::DType::kFP16) return cudaErrorInvalidValue;
-  return run(shape, dtype, q, k, v, nullptr, o, lse, emulate_low_precision, false, stream);
+  return run(shape, dtype, q, k, v, nullptr, o, lse, emulate_low_precision, false, stream, sinks);
 }
 
 cudaError_t attention_gpu_fp8(const AttentionShape& shape, flash3::ConstTensor q, flash3::ConstTensor k,
                               flash3::ConstTensor v, const flash3::Fp8Scales& scales, float* o, float* lse,
-                              Fp8Emulation emulation, cudaStream_t stream) {
+                              Fp8Emulation emulation, cudaStream_t stream, const float* sinks) {
   if (scales.out_dtype != flash3::DType::kBF16 && scales.out_dtype != flash3::DType::kFP16) return cudaErrorInvalidValue;
   return run(shape, flash3::DType::kE4M3, q, k, v, &scales, o, lse, emulation != Fp8Emulation::kNone,
-             emulation == Fp8Emulation::kStandard, stream);
+             emulation == Fp8Emulation::kStandard, stream, sinks);
 }
 
 }  // namespace flash3::reference

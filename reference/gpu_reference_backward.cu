@@ -46,6 +46,8 @@ struct Params {
   View q, k, v, dout, o;  // o.data: null unless D comes from it
   float *dq, *dk, *dv;  // dense [batch, seqlen, heads, d]
   float *lse, *dpsum;   // scratch [batch, heads_q, seqlen_q]
+  const float* sinks;   // [heads_q] or nullptr
+  float* dsinks;        // [heads_q], cleared, or nullptr
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
   int head_dim;
   float scale;
@@ -115,7 +117,13 @@ __global__ void __launch_bounds__(kThreads) query_rows(const Params p) {
     if (visible(p, i, j)) l += expf(score(p, q_row, row_ptr<T>(p.k, b, j, hk)) - m);
   }
   l = block_reduce(l, scratch, false);
-  const float lse = l > 0.f ? m + logf(l) : INFINITY;
+  float lse = l > 0.f ? m + logf(l) : INFINITY;
+  if (p.sinks != nullptr) {
+    // The sink joins the denominator without a value.
+    const float sink = p.sinks[h];
+    const float top = fmaxf(m, sink);
+    lse = top + logf((l > 0.f ? l * expf(m - top) : 0.f) + expf(sink - top));
+  }
 
   auto prob = [&](int64_t j) {
     if (!visible(p, i, j)) return 0.f;
@@ -168,6 +176,8 @@ __global__ void __launch_bounds__(kThreads) query_rows(const Params p) {
   if (threadIdx.x == 0) {
     p.lse[(b * p.heads_q + h) * p.seqlen_q + i] = lse;
     p.dpsum[(b * p.heads_q + h) * p.seqlen_q + i] = dsum;
+    // The sink's dP is 0: its dS is P_sink (0 - D).
+    if (p.dsinks != nullptr) atomicAdd(p.dsinks + h, -expf(p.sinks[h] - lse) * dsum);
   }
 }
 
@@ -245,13 +255,19 @@ View view(const flash3::ConstTensor& t) { return View{t.data, t.batch_stride, t.
 cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q,
                                    flash3::ConstTensor k, flash3::ConstTensor v, flash3::ConstTensor dout,
                                    float* dq, float* dk, float* dv, bool emulate_low_precision,
-                                   cudaStream_t stream, const flash3::ConstTensor* o) {
+                                   cudaStream_t stream, const flash3::ConstTensor* o, const float* sinks,
+                                   float* dsinks) {
   if (!is_valid(shape) || !is_plain(shape) || shape.head_dim > 512) return cudaErrorInvalidValue;
+  if (dsinks != nullptr && sinks == nullptr) return cudaErrorInvalidValue;
   if (q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1 || dout.dim_stride != 1 ||
       (o != nullptr && (o->data == nullptr || o->dim_stride != 1))) {
     return cudaErrorInvalidValue;
   }
   if (dtype != flash3::DType::kBF16 && dtype != flash3::DType::kFP16) return cudaErrorInvalidValue;
+  if (dsinks != nullptr) {
+    const cudaError_t err = cudaMemsetAsync(dsinks, 0, size_t(shape.heads_q) * sizeof(float), stream);
+    if (err != cudaSuccess) return err;
+  }
   if (shape.batch == 0) return cudaSuccess;
   if (shape.batch * shape.heads_q * shape.seqlen_q > INT_MAX || shape.batch * shape.heads_kv * shape.seqlen_k > INT_MAX) {
     return cudaErrorInvalidValue;  // one block per row
@@ -275,6 +291,8 @@ cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dt
   p.scale = float(effective_scale(shape));
   p.causal = shape.causal;
   p.emulate = emulate_low_precision;
+  p.sinks = sinks;
+  p.dsinks = dsinks;
   const size_t scratch = size_t(shape.batch * shape.heads_q * shape.seqlen_q) * sizeof(float);
   cudaError_t err = cudaSuccess;
   if (scratch > 0) {

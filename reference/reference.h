@@ -147,6 +147,7 @@ inline bool is_plain(const AttentionShape& s) {
 //            seqlen_k == 0.
 //   o:       device float32, dense [batch, seqlen_q, heads_q, head_dim].
 //   lse:     device float32, dense [batch, heads_q, seqlen_q]; may be nullptr.
+//   sinks:   device float32 [heads_q], as attention_cpu's; may be nullptr.
 // emulate_low_precision models a straightforward implementation in the input
 // precision: S = scale * Q K^T accumulated in float32 and rounded to dtype, the
 // softmax in float32, the normalized P rounded to dtype before P V (float32
@@ -157,7 +158,7 @@ inline bool is_plain(const AttentionShape& s) {
 // error.
 cudaError_t attention_gpu(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q,
                           flash3::ConstTensor k, flash3::ConstTensor v, float* o, float* lse,
-                          bool emulate_low_precision, cudaStream_t stream);
+                          bool emulate_low_precision, cudaStream_t stream, const float* sinks = nullptr);
 
 // How attention_gpu_fp8 rounds, beyond the dequantized inputs.
 enum class Fp8Emulation {
@@ -174,10 +175,11 @@ enum class Fp8Emulation {
 
 // attention_gpu for FP8 (e4m3) inputs q, k, v with their descale factors
 // (flash3.h's Fp8Scales; per-block scales by fp8_block_sizes(head_dim)):
-// the dequantized inputs' attention in float32, rounded as `emulation` says.
+// the dequantized inputs' attention in float32, rounded as `emulation` says;
+// sinks as attention_gpu's.
 cudaError_t attention_gpu_fp8(const AttentionShape& shape, flash3::ConstTensor q, flash3::ConstTensor k,
                               flash3::ConstTensor v, const flash3::Fp8Scales& scales, float* o, float* lse,
-                              Fp8Emulation emulation, cudaStream_t stream);
+                              Fp8Emulation emulation, cudaStream_t stream, const float* sinks = nullptr);
 
 // attention_cpu's backward on the GPU with float32 accumulation, for any shape
 // (head_dim up to 512). q, k, v, dout: device tensors in dtype described as in
@@ -188,11 +190,15 @@ cudaError_t attention_gpu_fp8(const AttentionShape& shape, flash3::ConstTensor q
 // rowsum(dO o O) is taken from it, as FlashAttention and flash3 take it from
 // their rounded O, rather than sum_j P_ij dP_ij: the difference from the
 // plain reference measures what that rounding alone costs the gradients.
+// sinks (device float32 [heads_q], or nullptr) as attention_gpu's; with them,
+// dsinks (device float32 [heads_q], or nullptr) gets their gradient, summed
+// in float32 in no fixed order.
 // Enqueues on `stream`; cudaErrorInvalidValue for a bad shape.
 cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q,
                                    flash3::ConstTensor k, flash3::ConstTensor v, flash3::ConstTensor dout,
                                    float* dq, float* dk, float* dv, bool emulate_low_precision,
-                                   cudaStream_t stream, const flash3::ConstTensor* o = nullptr);
+                                   cudaStream_t stream, const flash3::ConstTensor* o = nullptr,
+                                   const float* sinks = nullptr, float* dsinks = nullptr);
 #endif
 
 // The backward check's epsilon, shared by the GPU tests and the benchmark

@@ -43,13 +43,14 @@ struct Case {
   bool causal;
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
   bool packed = false;  // Q, K, V (and dQ, dK, dV) interleaved in one [b, s, 3, h, d] buffer
+  bool sinks = false;   // a random sink per query head, and its gradient
 };
 
 std::string name(Case const& c) {
   return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(c.head_dim) +
          (c.causal ? " causal" : "") + " b" + std::to_string(c.batch) + " sq" + std::to_string(c.seqlen_q) + " sk" +
          std::to_string(c.seqlen_k) + " h" + std::to_string(c.heads_q) + "/" + std::to_string(c.heads_kv) +
-         (c.packed ? " packed" : "");
+         (c.packed ? " packed" : "") + (c.sinks ? " sinks" : "");
 }
 
 // A [batch, seqlen, heads, d] tensor in its own buffer, or a view into a packed one.
@@ -62,6 +63,7 @@ struct Tensor {
 
 struct Grads {
   std::vector<uint16_t> dq, dk, dv;  // dense copies of the outputs
+  std::vector<float> dsinks;         // with sinks
 };
 
 class BackwardCase {
@@ -75,7 +77,9 @@ class BackwardCase {
         grad_(c.packed ? 3 * q_elems_ : q_elems_ + 2 * kv_elems_),
         o_(q_elems_),
         dout_(q_elems_),
-        lse_(size_t(c.batch) * c.heads_q * c.seqlen_q) {
+        lse_(size_t(c.batch) * c.heads_q * c.seqlen_q),
+        sinks_(c.sinks ? c.heads_q : 0),
+        dsinks_(c.sinks ? c.heads_q : 0) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.f, 1.f);
     auto upload = [&](uint16_t* dst, size_t n) {
@@ -85,6 +89,12 @@ class BackwardCase {
     };
     upload(in_.ptr, c.packed ? 3 * q_elems_ : q_elems_ + 2 * kv_elems_);
     upload(dout_.ptr, q_elems_);
+    if (c.sinks) {
+      std::vector<float> host(c.heads_q);
+      for (float& x : host) x = 2.f * normal(rng);  // around the scores' size
+      ok_ = ok_ && sinks_.ptr && dsinks_.ptr &&
+            cudaMemcpy(sinks_.ptr, host.data(), host.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess;
+    }
     q_ = view(in_.ptr, 0, true);
     k_ = view(in_.ptr, 1, false);
     v_ = view(in_.ptr, 2, false);
@@ -114,6 +124,8 @@ class BackwardCase {
     a.dq = dq_.out();
     a.dk = dk_.out();
     a.dv = dv_.out();
+    a.sinks = sinks_.ptr;
+    a.dsinks = dsinks_.ptr;
     return a;
   }
 
@@ -132,6 +144,7 @@ class BackwardCase {
     f.v = v_.in();
     f.o = flash3::contiguous<void*>(o_.ptr, c_.seqlen_q, c_.heads_q, d_);
     f.lse = lse_.ptr;
+    f.sinks = sinks_.ptr;
     flash3::Status s = flash3::forward(f, nullptr);
     if (!s.ok()) return s;
     cudaError_t const err = cudaDeviceSynchronize();
@@ -174,7 +187,8 @@ class BackwardCase {
 
   void check(Grads const& run) {
     AttentionShape shape{c_.batch, c_.seqlen_q, c_.seqlen_k, c_.heads_q, c_.heads_kv, d_, 0.f, c_.causal};
-    size_t const n = q_elems_ + 2 * kv_elems_;
+    // Each run's buffer: dQ, dK, dV, then the sinks' gradient.
+    size_t const n = q_elems_ + 2 * kv_elems_ + (c_.sinks ? c_.heads_q : 0);
     DeviceBuffer<float> ref(n), low(n), rounded_o(n);
     ASSERT_TRUE(ref.ptr && low.ptr && rounded_o.ptr);
     flash3::ConstTensor dout = flash3::contiguous<const void*>(dout_.ptr, c_.seqlen_q, c_.heads_q, d_);
@@ -185,9 +199,9 @@ class BackwardCase {
       flash3::ConstTensor const* o;
     };
     for (Run const& r : {Run{ref.ptr, false, nullptr}, Run{low.ptr, true, nullptr}, Run{rounded_o.ptr, false, &o}}) {
-      CUDA_OK(flash3::reference::attention_backward_gpu(shape, c_.dtype, q_.in(), k_.in(), v_.in(), dout, r.buf,
-                                                        r.buf + q_elems_, r.buf + q_elems_ + kv_elems_, r.emulate,
-                                                        nullptr, r.o));
+      CUDA_OK(flash3::reference::attention_backward_gpu(
+          shape, c_.dtype, q_.in(), k_.in(), v_.in(), dout, r.buf, r.buf + q_elems_, r.buf + q_elems_ + kv_elems_,
+          r.emulate, nullptr, r.o, sinks_.ptr, c_.sinks ? r.buf + q_elems_ + 2 * kv_elems_ : nullptr));
     }
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> h_ref(n), h_low(n), h_rounded_o(n);
@@ -198,6 +212,10 @@ class BackwardCase {
     compare("dQ", run.dq, h_ref.data() + at[0], h_low.data() + at[0], h_rounded_o.data() + at[0]);
     compare("dK", run.dk, h_ref.data() + at[1], h_low.data() + at[1], h_rounded_o.data() + at[1]);
     compare("dV", run.dv, h_ref.data() + at[2], h_low.data() + at[2], h_rounded_o.data() + at[2]);
+    if (c_.sinks) {
+      compare_sink_gradient(run.dsinks, h_ref.data() + q_elems_ + 2 * kv_elems_,
+                            h_rounded_o.data() + q_elems_ + 2 * kv_elems_);
+    }
   }
 
  private:
@@ -207,6 +225,7 @@ class BackwardCase {
   }
   void poison(cudaStream_t stream) {
     cudaMemsetAsync(grad_.ptr, 0xff, (c_.packed ? 3 * q_elems_ : q_elems_ + 2 * kv_elems_) * 2, stream);
+    if (dsinks_.ptr) cudaMemsetAsync(dsinks_.ptr, 0xff, c_.heads_q * sizeof(float), stream);
   }
   flash3::Status download_grads(cudaStream_t stream, Grads& run) {
     flash3::Status const s = cuda_status("backward", cudaStreamSynchronize(stream));
@@ -214,6 +233,8 @@ class BackwardCase {
     run.dq = download(dq_, c_.seqlen_q, c_.heads_q);
     run.dk = download(dk_, c_.seqlen_k, c_.heads_kv);
     run.dv = download(dv_, c_.seqlen_k, c_.heads_kv);
+    run.dsinks.resize(dsinks_.ptr ? c_.heads_q : 0);
+    if (dsinks_.ptr) cudaMemcpy(run.dsinks.data(), dsinks_.ptr, c_.heads_q * sizeof(float), cudaMemcpyDeviceToHost);
     return s;
   }
 
@@ -254,11 +275,26 @@ class BackwardCase {
                                       << low_err << ", epsilon " << eps;
   }
 
+  // The sinks' gradient, -sum_i P_sink D_i, takes D from the kernel's rounded
+  // O as every fused backward does: its yardstick is the reference given that
+  // O (rounded_o), from which only float32 sums separate it; its distance to
+  // the plain reference is that rounding's alone.
+  void compare_sink_gradient(std::vector<float> const& got, float const* ref, float const* rounded_o) {
+    double scale = 0;
+    for (int64_t h = 0; h < c_.heads_q; ++h) scale = std::max({scale, double(std::fabs(ref[h])), 1.0});
+    for (int64_t h = 0; h < c_.heads_q; ++h) {
+      ASSERT_FALSE(std::isnan(got[h])) << "dsinks[" << h << "] not written or NaN";
+      double const err = std::fabs(got[h] - rounded_o[h]);
+      EXPECT_LE(err, 1e-4 * scale) << "dsinks[" << h << "]: " << got[h] << ", reference with flash3's O "
+                                   << rounded_o[h] << ", plain reference " << ref[h];
+    }
+  }
+
   Case c_;
   int64_t d_;
   size_t q_elems_, kv_elems_;
   DeviceBuffer<uint16_t> in_, grad_, o_, dout_;
-  DeviceBuffer<float> lse_;
+  DeviceBuffer<float> lse_, sinks_, dsinks_;
   Tensor q_{}, k_{}, v_{}, dq_{}, dk_{}, dv_{};
   bool ok_ = true;
 };
@@ -444,6 +480,25 @@ TEST(Backward, NoKeyGivesZeroQueryGradients) {
 }
 
 // Shapes drawn at random (gpu_test_util.h), besides the sweep's.
+// Attention sinks: every head dim and dtype, GQA, and causal rows that see
+// only their sink (nothing added to its gradient).
+TEST(Backward, Sinks) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 700;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (int d : {64, 96, 128, 192, 256}) {
+      for (bool causal : {false, true}) {
+        Case c{dtype, d, causal, 2, 300, 300, 4, 2};
+        c.sinks = true;
+        run_case(c, seed++);
+      }
+    }
+  }
+  Case empty_rows{DType::kBF16, 128, true, 1, 500, 100, 8, 1};
+  empty_rows.sinks = true;
+  run_case(empty_rows, seed++);
+}
+
 TEST(Backward, RandomShapes) {
   SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 600;

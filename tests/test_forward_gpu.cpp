@@ -41,13 +41,14 @@ struct Case {
   // scores grow toward the first keys, which the kernel visits last, so each
   // row's running max keeps moving, by more and by less than 2^8 per block.
   float k_growth = 0.f;
+  bool sinks = false;  // a random sink per query head (ForwardArgs::sinks)
 };
 
 std::string name(Case const& c) {
   return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(c.head_dim) +
          (c.causal ? " causal" : "") + " b" + std::to_string(c.batch) + " sq" + std::to_string(c.seqlen_q) + " sk" +
          std::to_string(c.seqlen_k) + " h" + std::to_string(c.heads_q) + "/" + std::to_string(c.heads_kv) +
-         (c.packed_qkv ? " packed" : "");
+         (c.packed_qkv ? " packed" : "") + (c.sinks ? " sinks" : "");
 }
 
 void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) {
@@ -117,6 +118,14 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
   CUDA_OK(cudaMemset(lse.ptr, 0xff, lse_elems * 4));
   a.o = {o.ptr, o_stride, c.heads_q * d, d, 1};
   a.lse = lse.ptr;
+  // Sinks around the scores' own size, some above every score of a row.
+  DeviceBuffer<float> sinks(c.sinks ? c.heads_q : 0);
+  if (c.sinks) {
+    std::vector<float> host(c.heads_q);
+    for (float& x : host) x = 2.f * normal(rng);
+    CUDA_OK(cudaMemcpy(sinks.ptr, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    a.sinks = sinks.ptr;
+  }
 
   flash3::Status s = flash3::forward(a, nullptr);
   if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
@@ -124,8 +133,9 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
   CUDA_OK(cudaDeviceSynchronize());
 
   AttentionShape shape{c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, d, 0.f, c.causal};
-  CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, ref_o.ptr, ref_lse.ptr, false, nullptr));
-  CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, low_o.ptr, nullptr, true, nullptr));
+  CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, ref_o.ptr, ref_lse.ptr, false, nullptr,
+                                           a.sinks));
+  CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, low_o.ptr, nullptr, true, nullptr, a.sinks));
   CUDA_OK(cudaDeviceSynchronize());
 
   std::vector<uint16_t> h_o(q_elems);
@@ -392,6 +402,25 @@ TEST(Forward, RandomShapes) {
 // tile. Every warpgroup sits it out; Q's load must still be waited for, or
 // the CTA can exit with it in flight ("unspecified launch failure",
 // synccheck's "Missing wait").
+// Attention sinks: every head dim and dtype, GQA, and causal rows that see
+// only their sink (O = 0, LSE = sink).
+TEST(Forward, Sinks) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 600;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (int d : {64, 96, 128, 192, 256}) {
+      for (bool causal : {false, true}) {
+        Case c{dtype, d, causal, 2, 300, 300, 4, 2, false};
+        c.sinks = true;
+        run_case(c, seed++);
+      }
+    }
+  }
+  Case empty_rows{DType::kBF16, 128, true, 1, 500, 100, 8, 1, false};
+  empty_rows.sinks = true;
+  run_case(empty_rows, seed++);
+}
+
 TEST(Forward, TilesWhoseRowsSeeNoKey) {
   SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 77;

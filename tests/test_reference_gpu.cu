@@ -268,6 +268,74 @@ TEST(ReferenceGpuBackward, MatchesCpu) {
   }
 }
 
+// Sinks in both GPU references against the float64 CPU ones (float32 mode):
+// O, LSE, the gradients and the sinks' own, rows that see no key included.
+TEST(ReferenceGpu, SinksMatchCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  // AttentionShape: batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, scale, causal.
+  const std::pair<DType, AttentionShape> cases[] = {
+      {DType::kBF16, {2, 70, 70, 4, 2, 64, 0.0f, false}},
+      {DType::kFP16, {1, 150, 40, 4, 1, 128, 0.0f, true}},  // 110 rows see no key
+      {DType::kBF16, {1, 5, 0, 2, 2, 64, 0.0f, false}},     // no key at all
+  };
+  for (const auto& [dtype, s] : cases) {
+    SCOPED_TRACE(std::to_string(s.seqlen_q) + "x" + std::to_string(s.seqlen_k) + " d" + std::to_string(s.head_dim));
+    const int64_t d = s.head_dim;
+    const int64_t nq = s.batch * s.seqlen_q * s.heads_q * d, nk = s.batch * s.seqlen_k * s.heads_kv * d;
+    const int64_t n_lse = s.batch * s.heads_q * s.seqlen_q;
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<uint16_t> bits(2 * nq + 2 * nk);  // Q, K, V, dO
+    std::vector<double> vals(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) {
+      bits[i] = to_bits(dist(rng), dtype);
+      vals[i] = from_bits(bits[i], dtype);
+    }
+    std::vector<float> sinks(s.heads_q);
+    std::vector<double> sinks64(s.heads_q);
+    for (int64_t h = 0; h < s.heads_q; ++h) sinks64[h] = sinks[h] = 2.0f * dist(rng);
+    DeviceBuffer<uint16_t> in(bits.size());
+    DeviceBuffer<float> d_sinks(s.heads_q), d_dsinks(s.heads_q), o(nq), lse(n_lse), grads(nq + 2 * nk);
+    CUDA_OK(cudaMemcpy(in.ptr, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_sinks.ptr, sinks.data(), s.heads_q * 4, cudaMemcpyHostToDevice));
+    auto tensor = [&](int64_t offset, int64_t seqlen, int64_t heads) {
+      return flash3::contiguous<const void*>(in.ptr + offset, seqlen, heads, d);
+    };
+    const auto tq = tensor(0, s.seqlen_q, s.heads_q), tk = tensor(nq, s.seqlen_k, s.heads_kv),
+               tv = tensor(nq + nk, s.seqlen_k, s.heads_kv), tdo = tensor(nq + 2 * nk, s.seqlen_q, s.heads_q);
+    CUDA_OK(attention_gpu(s, dtype, tq, tk, tv, o.ptr, lse.ptr, false, nullptr, d_sinks.ptr));
+    float* g = grads.ptr;
+    CUDA_OK(flash3::reference::attention_backward_gpu(s, dtype, tq, tk, tv, tdo, g, g + nq, g + nq + nk, false,
+                                                      nullptr, nullptr, d_sinks.ptr, d_dsinks.ptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> h_o(nq), h_lse(n_lse), h_grads(nq + 2 * nk), h_dsinks(s.heads_q);
+    CUDA_OK(cudaMemcpy(h_o.data(), o.ptr, nq * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(h_lse.data(), lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost));
+    if (!h_grads.empty()) CUDA_OK(cudaMemcpy(h_grads.data(), g, h_grads.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(h_dsinks.data(), d_dsinks.ptr, s.heads_q * 4, cudaMemcpyDeviceToHost));
+
+    std::vector<double> ref_o(nq), ref_lse(n_lse), ref_grads(nq + 2 * nk), ref_dsinks(s.heads_q);
+    const double* q = vals.data();
+    attention_cpu(s, q, q + nq, q + nq + nk, ref_o.data(), ref_lse.data(), sinks64.data());
+    flash3::reference::attention_backward_cpu(s, q, q + nq, q + nq + nk, q + nq + 2 * nk, ref_grads.data(),
+                                              ref_grads.data() + nq, ref_grads.data() + nq + nk, sinks64.data(),
+                                              ref_dsinks.data());
+    auto max_err = [](const float* got, const double* ref, size_t n, double& ref_max) {
+      double err = 0;
+      for (size_t i = 0; i < n; ++i) {
+        err = std::max(err, std::fabs(got[i] - ref[i]));
+        ref_max = std::max(ref_max, std::fabs(ref[i]));
+      }
+      return err;
+    };
+    double o_max = 0, lse_max = 0, grad_max = 0, dsink_max = 0;
+    EXPECT_LT(max_err(h_o.data(), ref_o.data(), nq, o_max), 1e-4);
+    EXPECT_LT(max_err(h_lse.data(), ref_lse.data(), n_lse, lse_max), 1e-4 * std::max(1.0, lse_max));
+    EXPECT_LE(max_err(h_grads.data(), ref_grads.data(), h_grads.size(), grad_max), 1e-4 * std::max(1.0, grad_max));
+    EXPECT_LE(max_err(h_dsinks.data(), ref_dsinks.data(), s.heads_q, dsink_max), 1e-4 * std::max(1.0, dsink_max));
+  }
+}
+
 // D from a given output O: with one key O = V_0 and the exact dQ and dK are 0,
 // which D = rowsum(dO o O) gives up to float32's rounding; with 37 keys a
 // random O moves them; dV does not involve D, so any O leaves it bitwise
