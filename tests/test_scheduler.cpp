@@ -391,6 +391,143 @@ TEST(MaskPolicy, ColumnLimitMatchesDefinition) {
   }
 }
 
+// ---- sliding windows ----------------------------------------------------------
+
+// Windows (left, right) with every bound absent, zero, inside a block, and
+// past the sequence; a causal one has right 0.
+struct Window {
+  int left, right;
+  bool causal;
+};
+std::vector<Window> windows() {
+  return {{-1, -1, false}, {-1, 0, false}, {-1, -1, true}, {0, 0, false}, {3, -1, false}, {0, 5, false},
+          {17, 3, false},  {130, 0, false}, {300, -1, false}, {2, 300, false}, {10, -1, true}, {64, 64, false},
+          {1000, 1000, false}};
+}
+
+MaskPolicy window_policy(int sq, int sk, Window w) { return MaskPolicy{sq, sk, w.causal, w.left, w.right}; }
+
+// Row i sees column j: the definition, written out.
+bool sees(int i, int j, int sq, int sk, Window w) {
+  int const g = sk - sq;
+  int const right = w.causal ? 0 : w.right;
+  return j >= 0 && j < sk && (right < 0 || j <= i + g + right) && (w.left < 0 || j >= i + g - w.left);
+}
+
+std::string window_name(Window w, int sq, int sk) {
+  return "window (" + std::to_string(w.left) + ", " + std::to_string(w.right) + ")" + (w.causal ? " causal" : "") +
+         " sq " + std::to_string(sq) + " sk " + std::to_string(sk);
+}
+
+TEST(MaskPolicy, WindowColumnsMatchDefinition) {
+  for (Window w : windows()) {
+    for (int sq : {1, 7, 200}) {
+      for (int sk : {1, 7, 200, 513}) {
+        MaskPolicy const mask = window_policy(sq, sk, w);
+        for (int i = -70; i < sq + 70; ++i) {
+          for (int j = 0; j < sk + 70; ++j) {
+            ASSERT_EQ(j >= mask.col_start(i) && j < mask.col_limit(i), sees(i, j, sq, sk, w))
+                << window_name(w, sq, sk) << " (" << i << ", " << j << ")";
+          }
+        }
+      }
+    }
+  }
+}
+
+// The forward's key blocks under a window: exactly the blocks holding a
+// visible column, and every block holding a masked one masked (above
+// n_block_mask or below key_blocks_masked_below).
+TEST(BlockRange, WindowMatchesBruteForce) {
+  for (Window w : windows()) {
+    for (auto const& [bm, bn] : forward_tiles()) {
+      for (int off : row_offsets(bm)) {
+        for (int sq : {1, 7, 200, 513}) {
+          for (int sk : {1, 7, 200, 513, 1000}) {
+            MaskPolicy const mask = window_policy(sq, sk, w);
+            for (int m = 0; m * bm - off < sq; ++m) {
+              std::string const where = window_name(w, sq, sk) + " tile " + std::to_string(bm) + "x" +
+                                        std::to_string(bn) + " m " + std::to_string(m) + " offset " +
+                                        std::to_string(off);
+              BlockRange const got = flash3::block_range(mask, m, bm, bn, off);
+              int const masked_below = mask.key_blocks_masked_below((m + 1) * bm - off - 1, bn);
+              int lo = -1, hi = 0;
+              for (int n = 0; n * bn < sk; ++n) {
+                bool any_visible = false, any_masked = false;
+                for (int r = std::max(0, m * bm - off); r < std::min(sq, (m + 1) * bm - off); ++r) {
+                  for (int c = n * bn; c < (n + 1) * bn; ++c) {
+                    bool const visible = sees(r, c, sq, sk, w);
+                    any_visible |= visible;
+                    any_masked |= !visible;
+                  }
+                }
+                if (any_visible && lo < 0) lo = n;
+                if (any_visible) hi = n + 1;
+                bool const masked = n >= got.n_block_mask || n < masked_below;
+                if (any_visible && any_masked) ASSERT_TRUE(masked) << where << " n " << n;
+              }
+              if (lo < 0) {
+                ASSERT_TRUE(got.empty()) << where;
+                continue;
+              }
+              ASSERT_EQ(got.n_block_min, lo) << where;
+              ASSERT_EQ(got.n_block_max, hi) << where;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The backward's query blocks under a window: exactly those holding a row
+// that sees a key of the block, every one holding a masked pair inside the
+// sequence masked (below m_block_mask or from query_blocks_masked_from); and the
+// key blocks a query block sees, first to last, are the ones whose query
+// range holds it.
+TEST(QueryRange, WindowMatchesBruteForce) {
+  for (Window w : windows()) {
+    for (auto const [bm, bn] : {std::pair{64, 128}, std::pair{128, 128}, std::pair{64, 64}}) {
+      for (int sq : {1, 7, 64, 200, 513}) {
+        for (int sk : {1, 7, 128, 200, 513, 1000}) {
+          MaskPolicy const mask = window_policy(sq, sk, w);
+          int const m_blocks = flash3::div_up(sq, bm);
+          for (int n = 0; n * bn < sk; ++n) {
+            std::string const where = window_name(w, sq, sk) + " tile " + std::to_string(bm) + "x" +
+                                      std::to_string(bn) + " n " + std::to_string(n);
+            flash3::QueryRange const got = mask.query_blocks(n, bm, bn, m_blocks);
+            int const masked_from = mask.query_blocks_masked_from(got, n, bm, bn);
+            int lo = -1, hi = 0;
+            for (int m = 0; m * bm < sq; ++m) {
+              bool any_visible = false, masked_pair = false;
+              for (int i = m * bm; i < std::min(sq, (m + 1) * bm); ++i) {
+                for (int j = n * bn; j < std::min(sk, (n + 1) * bn); ++j) {
+                  bool const visible = sees(i, j, sq, sk, w);
+                  any_visible |= visible;
+                  masked_pair |= !visible;
+                }
+              }
+              if (any_visible && lo < 0) lo = m;
+              if (any_visible) hi = m + 1;
+              bool const masked = m < got.m_block_mask || m >= masked_from;
+              if (any_visible && masked_pair) ASSERT_TRUE(masked) << where << " m " << m;
+              int const first = mask.first_key_block(m, bm, bn), last = mask.last_key_block(m, bm, bn);
+              ASSERT_EQ(any_visible, n >= first && n <= last) << where << " m " << m;
+            }
+            if (lo < 0) {
+              ASSERT_TRUE(got.empty()) << where;
+              continue;
+            }
+            ASSERT_EQ(got.m_block_min, lo) << where;
+            ASSERT_EQ(got.m_block_max, hi) << where;
+            ASSERT_LE(got.m_block_mask, masked_from) << where;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The forward's scheduler: a persistent grid is one CTA per SM, capped by the
 // tiles; without persistence a CTA per tile; a counter only where CTAs claim
 // tiles (more tiles than CTAs), so no CUDA call is made otherwise.
