@@ -6,10 +6,13 @@ sweep.py and plot.py are loaded by their paths, and the command line runs with
 a bare `flash3` package object in front of python/flash3/: nothing here needs
 flash3's library or the package's __init__ (which loads it).
 """
+import contextlib
+import importlib
 import importlib.util
 import pathlib
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -24,8 +27,21 @@ def load(name):
     return module
 
 
+def load_in_package(name):
+    """A module of _bench that imports its siblings, inside a package of its
+    own: flash3's own __init__ needs PyTorch."""
+    if "flash3_bench_pkg" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("flash3_bench_pkg", PACKAGE / "_bench" / "__init__.py",
+                                                      submodule_search_locations=[str(PACKAGE / "_bench")])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["flash3_bench_pkg"] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"flash3_bench_pkg.{name}")
+
+
 sweep = load("sweep")
 plot = load("plot")
+overhead = load_in_package("overhead")
 
 GAP = {"name": "gap", "gap_ms": 100.0, "scope": "sample"}
 SUSTAINED = {"name": "sustained", "load_s": 2.0}
@@ -170,6 +186,22 @@ def test_runs_of_one_regime_merge_and_of_two_never():
 
 
 # ---- host overhead -----------------------------------------------------------------------------
+
+def test_overhead_methods_take_turns():
+    # After the warm-up, each job runs BLOCK timed calls in turn, each on its
+    # own setup's result, with a synchronization (untimed) after every turn.
+    events = []
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: events.append("sync")))
+    jobs = {name: (contextlib.nullcontext, lambda arg, name=name: events.append((name, arg)), lambda name=name: name + "'s")
+            for name in ("a", "b")}
+    times = overhead.interleaved_times(torch, jobs, 2 * overhead.BLOCK)
+    warmup = [(n, n + "'s") for n in ("a", "b") for _ in range(overhead.WARMUP_CALLS)] + ["sync"]
+    turn = [("a", "a's")] * overhead.BLOCK + ["sync"] + [("b", "b's")] * overhead.BLOCK + ["sync"]
+    assert events == warmup + 2 * turn
+    assert set(times) == {"a", "b"}
+    assert all(set(t) == {"median_us", "p10_us", "p90_us"} and t["p10_us"] <= t["median_us"] <= t["p90_us"]
+               for t in times.values())
+
 
 def test_overhead_verdict_and_table():
     times = {"flash3": {"fwd": {"median_us": 9.0, "p10_us": 8.5, "p90_us": 10.0},
