@@ -87,6 +87,9 @@ TEST(Validation, DtypeAndScale) {
   expect_invalid([](ForwardArgs& a) { a.softmax_scale = NAN; }, "softmax_scale");
   expect_invalid([](ForwardArgs& a) { a.softmax_scale = INFINITY; }, "softmax_scale");
   expect_invalid([](ForwardArgs& a) { a.softmax_scale = -0.125f; }, "softmax_scale");
+  expect_invalid([](ForwardArgs& a) { a.window_left = -2; }, "window_left");
+  expect_invalid([](ForwardArgs& a) { a.window_right = -5; }, "window_right");
+  expect_invalid([](ForwardArgs& a) { a.causal = true, a.window_right = 3; }, "window_right");
 }
 
 // FP8 inputs (1-byte elements) with per-block scales.
@@ -372,6 +375,16 @@ TEST(BackwardValidation, TensorsOfTheBackward) {
                           "workspace");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.sinks = reinterpret_cast<const float*>(0x70001); },
                           "sinks");
+}
+
+// The backward takes the forward's window, checked as the forward's.
+TEST(BackwardValidation, Windows) {
+  flash3::BackwardArgs a = valid_backward_args();
+  a.window_left = 10;
+  a.window_right = 0;
+  EXPECT_TRUE(flash3::validate(a).ok());
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.window_right = -3; }, "window_right");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.causal = true, a.window_right = 2; }, "window_right");
 }
 
 // dsinks is the gradient of the sinks: it needs them, and a float's alignment.

@@ -1,6 +1,7 @@
 // The one place where runtime arguments become template parameters of the
 // forward kernel: the rows of fwd/variants.h's table that are built for a
-// (dtype, head dim), each for both masks. Each (dtype, head dim) is compiled
+// (dtype, head dim), each for both masks (the masked kernel serves the causal
+// mask and every sliding window; a window wider than the sequences is none). Each (dtype, head dim) is compiled
 // in its own generated translation unit (fwd/instantiate.cu.in).
 #pragma once
 
@@ -9,6 +10,7 @@
 
 #include "common/device_info.h"
 #include "common/element.h"
+#include "common/mask.h"
 #include "flash3/flash3.h"
 #include "fwd/launch.h"
 #include "fwd/traits.h"
@@ -24,7 +26,8 @@ bool launch_if_selected(ForwardArgs const& a, DeviceInfo const& device, cudaStre
   if constexpr (kRow.built_for(kDType, kHeadDim)) {
     if (kRow.selected_by(a.dtype, int(a.head_dim), a.options, a.fp8.out_dtype)) {
       using Element = ElementOf<kDType>;
-      status = a.causal ? launch_forward<FwdTraits<Element, kHeadDim, kRow.variant.with_causal(true)>>(a, device, stream)
+      bool const masked = a.causal || window_of(false, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k).any();
+      status = masked ? launch_forward<FwdTraits<Element, kHeadDim, kRow.variant.with_causal(true)>>(a, device, stream)
                         : launch_forward<FwdTraits<Element, kHeadDim, kRow.variant.with_causal(false)>>(a, device, stream);
       return true;
     }
