@@ -8,6 +8,7 @@
 
 #include "api/checks.h"
 #include "common/head_dims.h"
+#include "common/mask.h"
 #include "flash3/flash3.h"
 #include "fwd/variants.h"
 
@@ -75,6 +76,11 @@ Status validate(ForwardArgs const& a) {
     return Status(Status::Code::kUnsupported, "options: no kernel is built for these KernelOptions with this dtype "
                                               "and head_dim " + std::to_string(a.head_dim) + " (" +
                                               fwd::kBuiltVariantsInWords + ")");
+  }
+  if (Window const w = window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k);
+      (w.left >= 0 || (!a.causal && w.right >= 0)) &&
+      !(a.options.pingpong && a.options.intra_warpgroup_overlap && a.options.warp_specialization)) {
+    return Status(Status::Code::kUnsupported, fwd::kNoWindowWithOptions);
   }
   if (a.batch == 0 || a.seqlen_q == 0) return Status();  // nothing to compute or write
   int64_t const in_bytes = element_bytes(a.dtype);

@@ -91,12 +91,12 @@ struct Mainloop {
     ScaleView k_scale;
     ScaleView v_scale;
 
-    // The mask policy of the kernel's calls: the masked kernel (kCausal)
-    // serves the causal mask and every window, from the call's bounds (read
-    // from the parameters where used, not held in registers).
+    // The mask policy of the kernel's calls: the causal mask's at compile
+    // time, or a window's from the call's bounds (read from the parameters
+    // where used, not held in registers).
     CUTE_HOST_DEVICE MaskPolicy mask_policy() const {
-      return Traits::kCausal ? MaskPolicy{seqlen_q, seqlen_k, false, window_left, window_right}
-                             : MaskPolicy{seqlen_q, seqlen_k, false};
+      if constexpr (Traits::kWindow) return MaskPolicy{seqlen_q, seqlen_k, false, window_left, window_right};
+      return MaskPolicy{seqlen_q, seqlen_k, Traits::kCausal};
     }
   };
 
@@ -345,7 +345,7 @@ struct Mainloop {
       if (descale.fold(o_scale, next) || max_moved) rescale_rows(tOrO, o_scale);
     };
 
-    using MaskT = Mask<kBlockM, kBlockN, typename Traits::TiledMmaQK>;
+    using MaskT = Mask<Traits::kWindow, kBlockM, kBlockN, typename Traits::TiledMmaQK>;
 
     pipeline_q.consumer_wait(read_q);
     if (range.empty()) {
@@ -381,13 +381,13 @@ struct Mainloop {
     int n_block = range.n_block_max - 1;
     int const n_block_mask = max(range.n_block_mask, range.n_block_min);
     // A window's left edge: the blocks below this one need the mask too
-    // (the walk's last ones); the masked kernel's only.
+    // (the walk's last ones).
     auto masked_below = [&]() {
-      if constexpr (!Traits::kCausal) return 0;
+      if constexpr (!Traits::kWindow) return 0;
       int const last_row = tile_first_row(tile.m_block, kBlockM, p.row_offset) + kBlockM - 1;
       return p.mask_policy().key_blocks_masked_below(last_row, kBlockN);
     };
-    int const n_block_unmasked_min = max(masked_below(), range.n_block_min);
+    int const n_block_unmasked_min = Traits::kWindow ? max(masked_below(), range.n_block_min) : range.n_block_min;
 
     if constexpr (Traits::kIntraWGOverlap) {
       // Algorithm 2, lines 3-6: S_cur = Q K_0^T, softmax.
@@ -398,7 +398,7 @@ struct Mainloop {
       previous_epilogue();
       warpgroup_wait<0>();
       release_k();
-      if (n_block >= n_block_mask || n_block < n_block_unmasked_min) {
+      if (n_block >= n_block_mask || (Traits::kWindow && n_block < n_block_unmasked_min)) {
         softmax_step(tSrS, n_block, cute::true_type{}, first);
       } else {
         softmax_step(tSrS, n_block, cute::false_type{}, first);
@@ -428,10 +428,9 @@ struct Mainloop {
       // the (then idle) masked loop out, which frees the registers head dim
       // 256's 96-key blocks need; BF16 keeps it: without it the compiler
       // schedules the head dim 256 mainloop worse.
-      if constexpr (Traits::kCausal) {
-        // The masked blocks at both ends of the walk (a window's left edge
-        // below) in one loop: a third inlined copy of the iteration spilled
-        // head dim 64's registers.
+      if constexpr (Traits::kWindow) {
+        // The masked blocks at both ends of the walk (the window's left edge
+        // below) in one loop, with the iteration inlined twice, not thrice.
         for (; n_block >= range.n_block_min; --n_block) {
           if (n_block >= n_block_mask || n_block < n_block_unmasked_min) {
             iteration(n_block, cute::true_type{});
@@ -440,7 +439,7 @@ struct Mainloop {
           }
         }
       } else {
-        if constexpr (!Traits::kFp8) {
+        if constexpr (Traits::kCausal || !Traits::kFp8) {
           for (; n_block >= n_block_mask; --n_block) iteration(n_block, cute::true_type{});
         }
         for (; n_block >= range.n_block_min; --n_block) iteration(n_block, cute::false_type{});
@@ -473,7 +472,7 @@ struct Mainloop {
       };
       for (; n_block >= n_block_mask; --n_block) iteration(n_block, cute::true_type{});
       for (; n_block >= n_block_unmasked_min; --n_block) iteration(n_block, cute::false_type{});
-      if constexpr (Traits::kCausal) {
+      if constexpr (Traits::kWindow) {
         for (; n_block >= range.n_block_min; --n_block) iteration(n_block, cute::true_type{});
       }
       query_done(pipeline_q, read_q);

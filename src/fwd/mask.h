@@ -13,7 +13,9 @@
 
 namespace flash3::fwd {
 
-template <int kBlockM, int kBlockN, class TiledMma>
+// kWindow: both edges of each row's window (the window kernel's); otherwise
+// only the right one (the causal diagonal, or seqlen_k).
+template <bool kWindow, int kBlockM, int kBlockN, class TiledMma>
 struct Mask {
   // thread_idx: the thread's index among the consumer threads, as used to
   // partition the accumulator.
@@ -30,7 +32,7 @@ struct Mask {
     for (int r = 0; r < size<0>(s); ++r) {
       int const row = tile_first_row(m_block, kBlockM, row_offset) + get<0>(c(r, 0));
       int const limit = policy.col_limit(row) - col0;
-      if (policy.bounded_left()) {
+      if constexpr (kWindow) {
         int const start = policy.col_start(row) - col0;
         CUTE_UNROLL
         for (int j = 0; j < size<1>(s); ++j) {
