@@ -110,6 +110,7 @@ struct Config {
   flash3::KernelOptions options;
   bool deterministic = false;  // backward
   bool sinks = false;          // a random sink per query head
+  int64_t window_left = -1, window_right = -1;  // a sliding window (-1: unbounded)
   // FP8 (dtype kE4M3): the inputs are bf16 draws quantized by quantize_fp8.
   flash3::ScaleGranularity granularity = flash3::ScaleGranularity::kPerBlock;
   bool hadamard = false;
@@ -143,6 +144,7 @@ struct Options {
   Regime regime;
   bool check = true, ablation = false, deterministic = false, fp8_accuracy = false, quant_bandwidth = false;
   bool sinks = false;
+  int64_t window_left = -1, window_right = -1;
   flash3::ScaleGranularity granularity = flash3::ScaleGranularity::kPerBlock;
   bool hadamard = false;
   flash3::KernelOptions options;  // --no-pingpong, --no-overlap, --no-ws: one technique off for the whole sweep
@@ -172,6 +174,8 @@ void usage() {
       "                         is timed, so that the power-capped card's clock has settled\n"
       "  --no-check             skip the reference check\n"
       "  --deterministic        backward in deterministic mode\n"
+      "  --window L,R           a sliding window (FlashAttention's window_size; -1 unbounded); TFLOP/s\n"
+      "                         count the pairs the window visits\n"
       "  --sinks                a random attention sink per query head (the check covers O, dQ, dK,\n"
       "                         dV; the sinks' own gradient is the tests')\n"
       "  --ablation             paper Table 2: batch 4, seqlen 8448, 16 heads, hdim 128, each technique off\n"
@@ -237,6 +241,12 @@ Options parse(int argc, char** argv) {
     else if (a == "--ablation") o.ablation = true;
     else if (a == "--deterministic") o.deterministic = true;
     else if (a == "--sinks") o.sinks = true;
+    else if (a == "--window") {
+      std::vector<int64_t> const w = parse_list<int64_t>(next());
+      if (w.size() != 2 || w[0] < -1 || w[1] < -1) { std::fprintf(stderr, "--window: L,R, each -1 or more\n"); std::exit(2); }
+      o.window_left = w[0];
+      o.window_right = w[1];
+    }
     else if (a == "--json") o.json = next();
     else if (a == "--csv") o.csv = next();
     else if (a == "--help" || a == "-h") { usage(); std::exit(0); }
@@ -250,6 +260,18 @@ Options parse(int argc, char** argv) {
 double flops(Config const& c) {
   double f = 4.0 * c.seqlen * c.seqlen * c.head_dim * c.heads_q * c.batch;
   if (c.causal) f /= 2;
+  if (c.window_left >= 0 || c.window_right >= 0) {
+    // The pairs the window visits (the causal mask's halving is among them).
+    flash3::reference::AttentionShape s{1, c.seqlen, c.seqlen, 1, 1, c.head_dim, 0.f, c.causal};
+    s.window_left = c.window_left;
+    s.window_right = c.window_right;
+    double pairs = 0;
+    for (int64_t i = 0; i < c.seqlen; ++i) {
+      flash3::reference::KeyRange const r = flash3::reference::visible_keys(s, i);
+      pairs += double(r.last - r.first);
+    }
+    f = 4.0 * pairs * c.head_dim * c.heads_q * c.batch;
+  }
   return c.pass == Pass::kFwd ? f : c.pass == Pass::kBwd ? 2.5 * f : 3.5 * f;
 }
 
@@ -430,6 +452,8 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
   a.heads_kv = c.heads_kv;
   a.head_dim = d;
   a.causal = c.causal;
+  a.window_left = c.window_left;
+  a.window_right = c.window_right;
   a.options = c.options;
   a.q = flash3::contiguous<const void*>(q, c.seqlen, c.heads_q, d);
   a.k = flash3::contiguous<const void*>(k, c.seqlen, c.heads_kv, d);
@@ -468,6 +492,8 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
     b.heads_kv = c.heads_kv;
     b.head_dim = d;
     b.causal = c.causal;
+    b.window_left = c.window_left;
+    b.window_right = c.window_right;
     b.deterministic = c.deterministic;
     b.q = a.q;
     b.k = a.k;
@@ -504,6 +530,8 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
         CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), q_elems * 4));
         CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&low), q_elems * 4));
         flash3::reference::AttentionShape shape{c.batch, c.seqlen, c.seqlen, c.heads_q, c.heads_kv, d, 0.f, c.causal};
+        shape.window_left = c.window_left;
+        shape.window_right = c.window_right;
         // FP8: the reference sees the quantized inputs (dequantized).
         for (auto [buf, emulate] : {std::pair{ref, false}, std::pair{low, true}}) {
           using flash3::reference::Fp8Emulation;
@@ -521,6 +549,8 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
         // query heads of K/V head 0 (views into the same tensors).
         int64_t const group = c.heads_q / c.heads_kv;
         flash3::reference::AttentionShape shape{1, c.seqlen, c.seqlen, group, 1, d, 0.f, c.causal};
+        shape.window_left = c.window_left;
+        shape.window_right = c.window_right;
         size_t const sq = size_t(c.seqlen) * group * d, sk = size_t(c.seqlen) * d;
         // The epsilon as the GPU tests' (reference::backward_epsilon).
         float *ref, *low, *rounded_o;
@@ -816,6 +846,12 @@ int main(int argc, char** argv) {
             c.hadamard = opt.hadamard;
             c.sinks = opt.sinks;
             if (c.sinks) c.variant = c.variant == "default" ? "sinks" : c.variant + "+sinks";
+            c.window_left = opt.window_left;
+            c.window_right = opt.window_right;
+            if (c.window_left >= 0 || c.window_right >= 0) {
+              std::string const w = "window(" + std::to_string(c.window_left) + "," + std::to_string(c.window_right) + ")";
+              c.variant = c.variant == "default" ? w : c.variant + "+" + w;
+            }
             c.head_dim = d;
             c.causal = causal;
             c.seqlen = s;

@@ -80,7 +80,7 @@ struct Params {
   int head_dim;
   int kv_ld;  // row pitch of the K/V tile in shared memory
   float scale;
-  bool causal;
+  int64_t window_left, window_right;  // -1: unbounded; the causal mask is right 0
   bool emulate;
   bool standard_fp8;  // Fp8Emulation::kStandard (with emulate)
   bool out_bf16;  // O's rounding when emulating
@@ -120,7 +120,7 @@ __device__ void load_tile(float* tile, const T* src, int64_t seq_stride, int64_t
 }
 
 // s[i] = S[row0 + 4 warp + i][n0 + lane]: scaled, rounded when emulating, and
-// -inf where masked (past seqlen_q or seqlen_k, or right of the causal diagonal).
+// -inf where masked (past seqlen_q or seqlen_k, or outside the row's window).
 template <class T>
 __device__ void scores(float (&s)[kRowsPerWarp], const float* q_t, const float* k_tile, int64_t row0, int64_t n0,
                        const Params& p) {
@@ -141,7 +141,9 @@ __device__ void scores(float (&s)[kRowsPerWarp], const float* q_t, const float* 
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int64_t row = row0 + kRowsPerWarp * warp + i;
     const bool visible =
-        row < p.seqlen_q && j < p.seqlen_k && (!p.causal || j <= row + p.seqlen_k - p.seqlen_q);
+        row < p.seqlen_q && j < p.seqlen_k &&
+        (p.window_right < 0 || j <= row + p.seqlen_k - p.seqlen_q + p.window_right) &&
+        (p.window_left < 0 || j >= row + p.seqlen_k - p.seqlen_q - p.window_left);
     const float x = s[i] * p.scale;
     const float rounded = p.standard_fp8 ? round_half(x) : Precision<T>::round_s(x);
     s[i] = visible ? (p.emulate ? rounded : x) : -INFINITY;
@@ -177,10 +179,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
     }
   }
 
-  // The causal diagonal of the block's last row bounds the keys any row sees.
+  // The window's right edge for the block's last row bounds the keys any row sees.
   int64_t n_end = p.seqlen_k;
-  if (p.causal) {
-    const int64_t last_visible_end = row0 + kBlockM + p.seqlen_k - p.seqlen_q;
+  if (p.window_right >= 0) {
+    const int64_t last_visible_end = row0 + kBlockM + p.seqlen_k - p.seqlen_q + p.window_right;
     n_end = last_visible_end < 0 ? 0 : (last_visible_end < n_end ? last_visible_end : n_end);
   }
 
@@ -301,7 +303,7 @@ namespace {
 cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q, flash3::ConstTensor k,
                 flash3::ConstTensor v, const flash3::Fp8Scales* fp8, float* o, float* lse,
                 bool emulate_low_precision, bool standard_fp8, cudaStream_t stream, const float* sinks) {
-  if (!is_valid(shape) || !is_plain(shape)) return cudaErrorInvalidValue;
+  if (!is_valid(shape) || !gpu_computes(shape)) return cudaErrorInvalidValue;
   if (q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1) return cudaErrorInvalidValue;
   if (shape.batch == 0 || shape.seqlen_q == 0) return cudaSuccess;
   if (!q.data || !o || (shape.seqlen_k > 0 && (!k.data || !v.data))) return cudaErrorInvalidValue;
@@ -339,7 +341,8 @@ cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstT
   p.head_dim = int(d);
   p.kv_ld = int(kv_ld);
   p.scale = float(effective_scale(shape));
-  p.causal = shape.causal;
+  p.window_left = shape.window_left;
+  p.window_right = window_right_of(shape);
   p.emulate = emulate_low_precision;
   p.standard_fp8 = standard_fp8;
   p.out_bf16 = dtype == flash3::DType::kBF16;

@@ -51,7 +51,8 @@ struct Params {
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
   int head_dim;
   float scale;
-  bool causal, emulate;
+  int64_t window_left, window_right;  // -1: unbounded; the causal mask is right 0
+  bool emulate;
 };
 
 template <class T>
@@ -80,7 +81,8 @@ __device__ float block_reduce(float x, float* scratch, bool is_max) {
 }
 
 __device__ bool visible(const Params& p, int64_t i, int64_t j) {
-  return !p.causal || j <= i + p.seqlen_k - p.seqlen_q;
+  const int64_t diagonal = i + p.seqlen_k - p.seqlen_q;
+  return (p.window_right < 0 || j <= diagonal + p.window_right) && (p.window_left < 0 || j >= diagonal - p.window_left);
 }
 
 template <class T>
@@ -257,7 +259,7 @@ cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dt
                                    float* dq, float* dk, float* dv, bool emulate_low_precision,
                                    cudaStream_t stream, const flash3::ConstTensor* o, const float* sinks,
                                    float* dsinks) {
-  if (!is_valid(shape) || !is_plain(shape) || shape.head_dim > 512) return cudaErrorInvalidValue;
+  if (!is_valid(shape) || !gpu_computes(shape) || shape.head_dim > 512) return cudaErrorInvalidValue;
   if (dsinks != nullptr && sinks == nullptr) return cudaErrorInvalidValue;
   if (q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1 || dout.dim_stride != 1 ||
       (o != nullptr && (o->data == nullptr || o->dim_stride != 1))) {
@@ -289,7 +291,8 @@ cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dt
   p.group = shape.heads_q / shape.heads_kv;
   p.head_dim = int(shape.head_dim);
   p.scale = float(effective_scale(shape));
-  p.causal = shape.causal;
+  p.window_left = shape.window_left;
+  p.window_right = window_right_of(shape);
   p.emulate = emulate_low_precision;
   p.sinks = sinks;
   p.dsinks = dsinks;

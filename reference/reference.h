@@ -131,12 +131,14 @@ void attention_backward_cpu(const AttentionShape& shape, const double* q, const 
                             const double* dout, double* dq, double* dk, double* dv, const double* sinks = nullptr,
                             double* dsinks = nullptr);
 
-// Whether a shape uses none of the options after `causal` (window, softcap,
-// a V head dim of its own): the GPU versions compute only such shapes so far
-// and refuse the others (cudaErrorInvalidValue) rather than ignore them.
-inline bool is_plain(const AttentionShape& s) {
-  return s.window_left == -1 && s.window_right == -1 && s.softcap == 0.0 && value_head_dim(s) == s.head_dim;
-}
+// Whether the GPU versions compute a shape: the causal mask and windows, not
+// yet softcapping or a V head dim of its own; they refuse the others
+// (cudaErrorInvalidValue) rather than ignore them.
+inline bool gpu_computes(const AttentionShape& s) { return s.softcap == 0.0 && value_head_dim(s) == s.head_dim; }
+
+// The window's bounds as the GPU versions take them: (left, right), -1
+// unbounded, the causal mask folded into right.
+inline int64_t window_right_of(const AttentionShape& s) { return s.causal ? 0 : s.window_right; }
 
 #ifdef FLASH3_REFERENCE_HAS_CUDA
 

@@ -112,10 +112,12 @@ if has sanitize; then
   fp8_head_race="--dtype e4m3 --granularity head --seqlen 600 --tokens 1200 --hidden 256 --hdim 64,128,256 --causal 0 --reps 1"
   # Attention sinks: the softmax's finalize with one, and their gradient's kernel.
   sinks="--pass fwd+bwd --seqlen 200 --tokens 400 --hidden 512 --hdim 64,128 --gqa 2 --sinks --reps 1"
+  # Sliding windows: both edges masked, key blocks outside skipped, both passes.
+  window="--pass fwd+bwd --seqlen 300 --tokens 600 --hidden 512 --hdim 64,128,256 --window 70,10 --reps 1"
   # The ablation variant without warp specialization: several tiles per CTA.
   nows="--no-ws --seqlen 512 --tokens 8192 --hidden 512 --hdim 128 --reps 1 --no-check"
   for tool in memcheck racecheck synccheck; do
-    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$bwd_split" "$bwd_split2" "$fp8" "$fp8_head" "$sinks" "$nows"; do
+    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$bwd_split" "$bwd_split2" "$fp8" "$fp8_head" "$sinks" "$window" "$nows"; do
       [ $tool = racecheck ] && [ "$args" = "$fp8_head" ] && args=$fp8_head_race
       timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/flash3-bench $args >>"$OUT/sanitize.log" 2>&1
       summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")

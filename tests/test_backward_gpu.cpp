@@ -44,13 +44,17 @@ struct Case {
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
   bool packed = false;  // Q, K, V (and dQ, dK, dV) interleaved in one [b, s, 3, h, d] buffer
   bool sinks = false;   // a random sink per query head, and its gradient
+  int window_left = -1, window_right = -1;
 };
 
 std::string name(Case const& c) {
   return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(c.head_dim) +
          (c.causal ? " causal" : "") + " b" + std::to_string(c.batch) + " sq" + std::to_string(c.seqlen_q) + " sk" +
          std::to_string(c.seqlen_k) + " h" + std::to_string(c.heads_q) + "/" + std::to_string(c.heads_kv) +
-         (c.packed ? " packed" : "") + (c.sinks ? " sinks" : "");
+         (c.packed ? " packed" : "") + (c.sinks ? " sinks" : "") +
+         (c.window_left >= 0 || c.window_right >= 0
+              ? " window (" + std::to_string(c.window_left) + ", " + std::to_string(c.window_right) + ")"
+              : "");
 }
 
 // A [batch, seqlen, heads, d] tensor in its own buffer, or a view into a packed one.
@@ -115,6 +119,8 @@ class BackwardCase {
     a.heads_kv = c_.heads_kv;
     a.head_dim = d_;
     a.causal = c_.causal;
+    a.window_left = c_.window_left;
+    a.window_right = c_.window_right;
     a.q = q_.in();
     a.k = k_.in();
     a.v = v_.in();
@@ -139,6 +145,8 @@ class BackwardCase {
     f.heads_kv = c_.heads_kv;
     f.head_dim = d_;
     f.causal = c_.causal;
+    f.window_left = c_.window_left;
+    f.window_right = c_.window_right;
     f.q = q_.in();
     f.k = k_.in();
     f.v = v_.in();
@@ -187,6 +195,8 @@ class BackwardCase {
 
   void check(Grads const& run) {
     AttentionShape shape{c_.batch, c_.seqlen_q, c_.seqlen_k, c_.heads_q, c_.heads_kv, d_, 0.f, c_.causal};
+    shape.window_left = c_.window_left;
+    shape.window_right = c_.window_right;
     // Each run's buffer: dQ, dK, dV, then the sinks' gradient.
     size_t const n = q_elems_ + 2 * kv_elems_ + (c_.sinks ? c_.heads_q : 0);
     DeviceBuffer<float> ref(n), low(n), rounded_o(n);
@@ -352,8 +362,14 @@ bool forward_unless_unsupported(BackwardCase& bc, std::string& unsupported) {
 TEST(BackwardDeterministic, BitwiseEqualRuns) {
   SKIP_WITHOUT_CUDA_DEVICE();
   std::string unsupported;
-  for (auto [d, causal] : {std::pair{128, false}, std::pair{128, true}, std::pair{256, false}, std::pair{256, true}}) {
-    Case const c{DType::kBF16, d, causal, 2, 2000, 2000, 4, 2};
+  // A window's turns start at each query block's first key block.
+  Case windowed{DType::kBF16, 128, false, 2, 2000, 1500, 4, 2};
+  windowed.window_left = 300;
+  windowed.window_right = 40;
+  for (Case const& c : {Case{DType::kBF16, 128, false, 2, 2000, 2000, 4, 2},
+                        Case{DType::kBF16, 128, true, 2, 2000, 2000, 4, 2},
+                        Case{DType::kBF16, 256, false, 2, 2000, 2000, 4, 2},
+                        Case{DType::kBF16, 256, true, 2, 2000, 2000, 4, 2}, windowed}) {
     SCOPED_TRACE(name(c));
     BackwardCase bc(c, 77);
     ASSERT_TRUE(bc.ok());
@@ -497,6 +513,33 @@ TEST(Backward, Sinks) {
   Case empty_rows{DType::kBF16, 128, true, 1, 500, 100, 8, 1};
   empty_rows.sinks = true;
   run_case(empty_rows, seed++);
+}
+
+// Sliding windows, as the forward's test: bounds of 0, inside a block,
+// across blocks, one side only, wider than the sequence; with causal;
+// unequal lengths; every head dim and both dtypes, GQA (deterministic
+// mode's turns: BackwardDeterministic.BitwiseEqualRuns).
+TEST(Backward, Windows) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  struct W {
+    int left, right;
+    bool causal;
+  };
+  W const windows[] = {{0, 0, false}, {17, 3, false}, {100, -1, false}, {-1, 50, false}, {300, 0, false},
+                       {128, -1, true}, {5000, 5000, false}};
+  uint32_t seed = 900;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (int d : {64, 96, 128, 192, 256}) {
+      for (W const w : windows) {
+        for (auto const [sq, sk] : {std::pair{700, 700}, std::pair{300, 900}, std::pair{900, 200}}) {
+          Case c{dtype, d, w.causal, 2, sq, sk, 4, 2};
+          c.window_left = w.left;
+          c.window_right = w.right;
+          run_case(c, seed++);
+        }
+      }
+    }
+  }
 }
 
 TEST(Backward, RandomShapes) {

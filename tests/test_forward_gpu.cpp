@@ -42,13 +42,17 @@ struct Case {
   // row's running max keeps moving, by more and by less than 2^8 per block.
   float k_growth = 0.f;
   bool sinks = false;  // a random sink per query head (ForwardArgs::sinks)
+  int window_left = -1, window_right = -1;
 };
 
 std::string name(Case const& c) {
   return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(c.head_dim) +
          (c.causal ? " causal" : "") + " b" + std::to_string(c.batch) + " sq" + std::to_string(c.seqlen_q) + " sk" +
          std::to_string(c.seqlen_k) + " h" + std::to_string(c.heads_q) + "/" + std::to_string(c.heads_kv) +
-         (c.packed_qkv ? " packed" : "") + (c.sinks ? " sinks" : "");
+         (c.packed_qkv ? " packed" : "") + (c.sinks ? " sinks" : "") +
+         (c.window_left >= 0 || c.window_right >= 0
+              ? " window (" + std::to_string(c.window_left) + ", " + std::to_string(c.window_right) + ")"
+              : "");
 }
 
 void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) {
@@ -67,6 +71,8 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
   a.heads_kv = c.heads_kv;
   a.head_dim = d;
   a.causal = c.causal;
+  a.window_left = c.window_left;
+  a.window_right = c.window_right;
   a.options = options;
 
   size_t const q_batch = size_t(c.seqlen_q) * c.heads_q * d;
@@ -133,6 +139,8 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
   CUDA_OK(cudaDeviceSynchronize());
 
   AttentionShape shape{c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, d, 0.f, c.causal};
+  shape.window_left = c.window_left;
+  shape.window_right = c.window_right;
   CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, ref_o.ptr, ref_lse.ptr, false, nullptr,
                                            a.sinks));
   CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, low_o.ptr, nullptr, true, nullptr, a.sinks));
@@ -419,6 +427,32 @@ TEST(Forward, Sinks) {
   Case empty_rows{DType::kBF16, 128, true, 1, 500, 100, 8, 1, false};
   empty_rows.sinks = true;
   run_case(empty_rows, seed++);
+}
+
+// Sliding windows: bounds of 0, inside a block, across blocks, one side
+// only, wider than the sequence; with causal; unequal lengths (rows that see
+// no key); every head dim and both dtypes, GQA.
+TEST(Forward, Windows) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  struct W {
+    int left, right;
+    bool causal;
+  };
+  W const windows[] = {{0, 0, false}, {17, 3, false}, {100, -1, false}, {-1, 50, false}, {300, 0, false},
+                       {128, -1, true}, {5000, 5000, false}};
+  uint32_t seed = 800;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (int d : {64, 96, 128, 192, 256}) {
+      for (W const w : windows) {
+        for (auto const [sq, sk] : {std::pair{700, 700}, std::pair{300, 900}, std::pair{900, 200}}) {
+          Case c{dtype, d, w.causal, 2, sq, sk, 4, 2, false};
+          c.window_left = w.left;
+          c.window_right = w.right;
+          run_case(c, seed++);
+        }
+      }
+    }
+  }
 }
 
 TEST(Forward, TilesWhoseRowsSeeNoKey) {

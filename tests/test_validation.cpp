@@ -89,6 +89,21 @@ TEST(Validation, DtypeAndScale) {
   expect_invalid([](ForwardArgs& a) { a.softmax_scale = -0.125f; }, "softmax_scale");
 }
 
+// Windows: bounds of -1 (unbounded) or more; causal is a right bound of 0.
+TEST(Validation, Windows) {
+  expect_invalid([](ForwardArgs& a) { a.window_left = -2; }, "window_left");
+  expect_invalid([](ForwardArgs& a) { a.window_right = -5; }, "window_right");
+  expect_invalid([](ForwardArgs& a) { a.causal = true, a.window_right = 3; }, "window_right");
+  // The ablation's variants have no window kernel; a window wider than the
+  // sequences is none.
+  ForwardArgs a = valid_forward_args();
+  a.options.pingpong = false;
+  a.window_left = 10;
+  EXPECT_EQ(flash3::validate(a).code(), flash3::Status::Code::kUnsupported);
+  a.window_left = a.seqlen_k;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+}
+
 // FP8 inputs (1-byte elements) with per-block scales.
 ForwardArgs valid_fp8_args() {
   ForwardArgs a = valid_forward_args();
@@ -372,6 +387,16 @@ TEST(BackwardValidation, TensorsOfTheBackward) {
                           "workspace");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.sinks = reinterpret_cast<const float*>(0x70001); },
                           "sinks");
+}
+
+// The backward takes the forward's window, checked as the forward's.
+TEST(BackwardValidation, Windows) {
+  flash3::BackwardArgs a = valid_backward_args();
+  a.window_left = 10;
+  a.window_right = 0;
+  EXPECT_TRUE(flash3::validate(a).ok());
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.window_right = -3; }, "window_right");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.causal = true, a.window_right = 2; }, "window_right");
 }
 
 // dsinks is the gradient of the sinks: it needs them, and a float's alignment.

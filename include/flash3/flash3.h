@@ -136,6 +136,14 @@ struct ForwardArgs {
   // j <= i + seqlen_k - seqlen_q (FlashAttention-2/3's convention).
   bool causal = false;
 
+  // Sliding window (FlashAttention's window_size), aligned as the causal
+  // mask: query i sees key j only if i + g - window_left <= j <= i + g +
+  // window_right, g = seqlen_k - seqlen_q; -1 leaves that side unbounded.
+  // causal is window_right 0 (a window_right given with it must be -1 or 0).
+  // Key blocks wholly outside a row block's window are skipped.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+
   // Optional float32 [heads_q]: attention sinks (as in gpt-oss), a logit per
   // query head that joins each row's softmax denominator without a value:
   // P_ij = exp(s_ij - L_i) with L_i = log(exp(sink) + sum_j exp(s_ij)), s the
@@ -203,6 +211,8 @@ struct BackwardArgs {
 
   float softmax_scale = 0.0f;  // as in ForwardArgs: 0 selects 1/sqrt(head_dim)
   bool causal = false;
+  int64_t window_left = -1;   // as in ForwardArgs
+  int64_t window_right = -1;
 
   // The forward's sinks (ForwardArgs::sinks), or nullptr. With them, dsinks
   // (float32 [heads_q], or nullptr for no sink gradient) is written, not

@@ -27,8 +27,6 @@ def _not_supported(**values_and_defaults):
     """NotImplementedError for a FlashAttention-3 argument that flash3 does
     not support yet, given anything but its default."""
     for name, (value, default) in values_and_defaults.items():
-        if isinstance(value, list):
-            value = tuple(value)  # window_size may come as a list
         if value is default:
             continue
         if value is None or default is None or value != default:
@@ -172,11 +170,28 @@ def _checked_sinks(sinks, q):
     return sinks.float().contiguous()
 
 
+_NO_WINDOW = (-1, -1)
+
+
+def _checked_window(window_size, causal):
+    """FlashAttention's window_size as the library takes it: (left, right),
+    ints >= -1, -1 unbounded; causal makes right 0, as FlashAttention-3 does."""
+    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+            and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in window_size)):
+        raise ValueError(f"window_size: must be a pair of ints (left, right), -1 for unbounded, got {window_size!r}")
+    left, right = (int(x) for x in window_size)
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size: each bound must be -1 (unbounded) or >= 0, got {tuple(window_size)!r}")
+    return left, 0 if causal else right
+
+
 def _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic, return_attn_probs,
-            out_dtype, sinks):
+            out_dtype, sinks, window_size):
     """flash_attn_func and flash_attn_qkvpacked_func past their own arguments."""
     _check_qkv(q, k, v, _ops.DTYPES)
     sinks = _checked_sinks(sinks, q)
+    window = (_NO_WINDOW if type(window_size) is tuple and window_size == _NO_WINDOW
+              else _checked_window(window_size, causal))
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     else:
@@ -205,7 +220,7 @@ def _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, det
         out_dtype = q.dtype
         scales = (None, None, None)
     out, lse = _ops.attention(q, k, v, *scales, softmax_scale, bool(causal), bool(deterministic), out_dtype,
-                              bool(return_attn_probs), sinks)
+                              bool(return_attn_probs), sinks, window)
     return (out, lse) if return_attn_probs else out
 
 
@@ -235,18 +250,21 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     each row's softmax denominator without a value; differentiable. A row
     that sees no key then gives zeros and an LSE of its sink.
 
-    qv, window_size, attention_chunk, softcap, num_splits, pack_gqa and
-    sm_margin are FlashAttention-3's; any value but the default raises
+    window_size = (left, right): a sliding window aligned as the causal mask,
+    query i seeing key j only if i + g - left <= j <= i + g + right (g =
+    seqlen_k - seqlen_q), -1 for an unbounded side; causal makes right 0.
+
+    qv, attention_chunk, softcap, num_splits, pack_gqa and sm_margin are
+    FlashAttention-3's; any value but the default raises
     NotImplementedError. out_dtype and sinks are flash3's own.
     """
-    if not (qv is None and pack_gqa is None and type(window_size) is tuple and window_size == (-1, -1)
-            and type(attention_chunk) is int and attention_chunk == 0 and type(softcap) is float and softcap == 0.0
-            and type(num_splits) is int and num_splits == 1 and type(sm_margin) is int and sm_margin == 0):
-        _not_supported(qv=(qv, None), window_size=(window_size, (-1, -1)), attention_chunk=(attention_chunk, 0),
-                       softcap=(softcap, 0.0), num_splits=(num_splits, 1), pack_gqa=(pack_gqa, None),
-                       sm_margin=(sm_margin, 0))
+    if not (qv is None and pack_gqa is None and type(attention_chunk) is int and attention_chunk == 0
+            and type(softcap) is float and softcap == 0.0 and type(num_splits) is int and num_splits == 1
+            and type(sm_margin) is int and sm_margin == 0):
+        _not_supported(qv=(qv, None), attention_chunk=(attention_chunk, 0), softcap=(softcap, 0.0),
+                       num_splits=(num_splits, 1), pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
     return _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic,
-                   return_attn_probs, out_dtype, sinks)
+                   return_attn_probs, out_dtype, sinks, window_size)
 
 
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None,
@@ -257,8 +275,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
     heads_kv, head_dim] with num_heads_q (GQA/MQA), Q's heads first, then K's,
     then V's. Its gradient is one tensor of qkv's shape. sinks as in
     flash_attn_func."""
-    _not_supported(window_size=(window_size, (-1, -1)), attention_chunk=(attention_chunk, 0),
-                   softcap=(softcap, 0.0), sm_margin=(sm_margin, 0))
+    _not_supported(attention_chunk=(attention_chunk, 0), softcap=(softcap, 0.0), sm_margin=(sm_margin, 0))
     if not isinstance(qkv, torch.Tensor):
         raise ValueError(f"qkv: must be a torch.Tensor, got {type(qkv).__name__}")
     if qkv.dim() == 5:
@@ -279,7 +296,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
         raise ValueError(f"qkv: must have 5 dims [batch, seqlen, 3, heads, head_dim] or 4 with num_heads_q, "
                          f"got shape {tuple(qkv.shape)}")
     return _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic,
-                   return_attn_probs, out_dtype, sinks)
+                   return_attn_probs, out_dtype, sinks, window_size)
 
 
 def quantize_fp8(q, k, v, granularity="block", hadamard=False, seed=0):

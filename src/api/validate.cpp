@@ -8,6 +8,7 @@
 
 #include "api/checks.h"
 #include "common/head_dims.h"
+#include "common/mask.h"
 #include "flash3/flash3.h"
 #include "fwd/variants.h"
 
@@ -18,12 +19,23 @@ using checks::invalid;
 
 int64_t element_bytes(DType dtype) { return dtype == DType::kE4M3 ? 1 : 2; }
 
-// The sizes, head dim and scale both passes share.
-Status check_problem(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
-                     int64_t heads_kv, int64_t head_dim, float softmax_scale) {
-  if (Status s = checks::attention_sizes(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim); !s.ok()) return s;
-  if (!std::isfinite(softmax_scale) || softmax_scale < 0.f) {
+// The sizes, head dim, scale and mask both passes share.
+template <class Args>
+Status check_problem(Args const& a) {
+  if (Status s = checks::attention_sizes(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim);
+      !s.ok()) {
+    return s;
+  }
+  if (!std::isfinite(a.softmax_scale) || a.softmax_scale < 0.f) {
     return invalid("softmax_scale: must be finite and not negative (0 selects 1/sqrt(head_dim))");
+  }
+  if (a.window_left < -1) return invalid("window_left: must be -1 (unbounded) or >= 0, got " + std::to_string(a.window_left));
+  if (a.window_right < -1) {
+    return invalid("window_right: must be -1 (unbounded) or >= 0, got " + std::to_string(a.window_right));
+  }
+  if (a.causal && a.window_right > 0) {
+    return invalid("window_right: the causal mask is window_right 0; got " + std::to_string(a.window_right) +
+                   " with causal");
   }
   return Status();
 }
@@ -55,11 +67,7 @@ Status validate(ForwardArgs const& a) {
     return invalid("dtype: must be kBF16, kFP16 or kE4M3");
   }
   bool const fp8 = a.dtype == DType::kE4M3;
-  if (Status s = check_problem(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim,
-                               a.softmax_scale);
-      !s.ok()) {
-    return s;
-  }
+  if (Status s = check_problem(a); !s.ok()) return s;
   if (fp8) {
     if (Status s = check_fp8(a); !s.ok()) return s;
   }
@@ -68,6 +76,11 @@ Status validate(ForwardArgs const& a) {
     return Status(Status::Code::kUnsupported, "options: no kernel is built for these KernelOptions with this dtype "
                                               "and head_dim " + std::to_string(a.head_dim) + " (" +
                                               fwd::kBuiltVariantsInWords + ")");
+  }
+  if (Window const w = window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k);
+      (w.left >= 0 || (!a.causal && w.right >= 0)) &&
+      !(a.options.pingpong && a.options.intra_warpgroup_overlap && a.options.warp_specialization)) {
+    return Status(Status::Code::kUnsupported, fwd::kNoWindowWithOptions);
   }
   if (a.batch == 0 || a.seqlen_q == 0) return Status();  // nothing to compute or write
   int64_t const in_bytes = element_bytes(a.dtype);
@@ -93,11 +106,7 @@ Status validate(BackwardArgs const& a) {
   if (a.dtype != DType::kBF16 && a.dtype != DType::kFP16) {
     return invalid("dtype: the backward pass supports kBF16 and kFP16");
   }
-  if (Status s = check_problem(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim,
-                               a.softmax_scale);
-      !s.ok()) {
-    return s;
-  }
+  if (Status s = check_problem(a); !s.ok()) return s;
   if (a.dsinks != nullptr && a.sinks == nullptr) return invalid("dsinks: given without sinks");
   for (auto const& [name, p] : {std::pair<char const*, void const*>{"sinks", a.sinks}, {"dsinks", a.dsinks}}) {
     if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) return invalid(std::string(name) + ": must be 4-byte aligned");

@@ -6,6 +6,7 @@
 #include "bwd/launch.h"
 #include "bwd/traits.h"
 #include "common/element.h"
+#include "common/mask.h"
 #include "flash3/flash3.h"
 
 namespace flash3::bwd {
@@ -13,7 +14,9 @@ namespace flash3::bwd {
 template <DType kDType, int kHeadDim>
 Status run_backward(BackwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   using Element = ElementOf<kDType>;
-  return a.causal ? launch_backward<BwdTraits<Element, kHeadDim, true>>(a, device, stream)
+  // The masked kernel serves the causal mask and every sliding window.
+  bool const masked = a.causal || window_of(false, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k).any();
+  return masked ? launch_backward<BwdTraits<Element, kHeadDim, true>>(a, device, stream)
                   : launch_backward<BwdTraits<Element, kHeadDim, false>>(a, device, stream);
 }
 

@@ -51,8 +51,7 @@ struct Kernel {
   // The query blocks a CTA's work visits.
   CUTE_DEVICE static QueryRange range_of(Params const& p, Work const& w) {
     auto const& mp = p.mainloop;
-    return part_range(MaskPolicy{mp.seqlen_q, mp.seqlen_k, Traits::kCausal}.query_blocks(
-                          w.n_block, Traits::kBlockM, Traits::kBlockN, mp.m_blocks),
+    return part_range(mp.mask_policy().query_blocks(w.n_block, Traits::kBlockM, Traits::kBlockN, mp.m_blocks),
                       w.part.part, w.part.parts);
   }
 

@@ -70,6 +70,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   int const m_blocks = int(w.m_blocks);
   int const n_blocks = int((a.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN);
   int const group = int(a.heads_q / a.heads_kv);
+  Window const window = window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k);
   float* dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
   float* lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
   float* dpsum = reinterpret_cast<float*>(ws + w.dpsum);
@@ -166,6 +167,8 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     mp.m_blocks = m_blocks;
     mp.seqlen_q = int(a.seqlen_q);
     mp.seqlen_k = int(a.seqlen_k);
+    mp.window_left = window.left;
+    mp.window_right = window.right;
     mp.scale_log2 = scale * float(M_LOG2E);
 
     auto& ep = params.epilogue;
@@ -203,6 +206,8 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   strides_of(a.dq, post.dq_strides);
   post.seqlen_q = int(a.seqlen_q);
   post.seqlen_k = int(a.seqlen_k);
+  post.window_left = window.left;
+  post.window_right = window.right;
   post.num_heads = int(a.heads_q);
   post.m_blocks = m_blocks;
   post.softmax_scale = scale;

@@ -72,7 +72,17 @@ struct Mainloop {
     int dq_tiles;  // batch * heads_q * m_blocks
     int seqlen_q;
     int seqlen_k;
+    int window_left;   // the call's Window (the masked kernel's only)
+    int window_right;
     float scale_log2;  // softmax_scale * log2(e)
+
+    // The mask policy of the kernel's calls: the masked kernel (kCausal)
+    // serves the causal mask and every window, from the call's bounds (read
+    // from the parameters where used, not held in registers).
+    CUTE_HOST_DEVICE MaskPolicy mask_policy() const {
+      return Traits::kCausal ? MaskPolicy{seqlen_q, seqlen_k, false, window_left, window_right}
+                             : MaskPolicy{seqlen_q, seqlen_k, false};
+    }
   };
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -199,15 +209,15 @@ struct Mainloop {
     asm volatile("fence.proxy.async.global;" ::: "memory");
   }
 
-  // The key blocks that visit query block m are 0, 1, ..., last_key_block(m).
-  // Without the causal mask they go in that order; with it, from the last
-  // down, which is the order in which a causal launch reaches m (key block j
-  // starts at its diagonal, where it is the last). Either way a CTA waits
+  // The key blocks that visit query block m are first_key_block(m) ..
+  // last_key_block(m). Without the mask they go in that order (from 0); with
+  // it, from the last down, which is the order in which a masked launch
+  // reaches m (key block j starts at its diagonal, where it is the last). Either way a CTA waits
   // only on CTAs launched before it (see Kernel::key_block), never on one
   // that may not be resident yet.
   CUTE_DEVICE static int deterministic_turn(Params const& p, int m_block, int n_block) {
     if constexpr (!Traits::kCausal) return n_block;
-    return MaskPolicy{p.seqlen_q, p.seqlen_k, true}.last_key_block(m_block, kBlockM, kBlockN) - n_block;
+    return p.mask_policy().last_key_block(m_block, kBlockM, kBlockN) - n_block;
   }
 
   // Algorithm 3, line 14's accumulation, off the consumers' path: each dQ_i
@@ -337,7 +347,10 @@ struct Mainloop {
     // to find the query's LSE and D.
     Tensor coords =
         thr_mma_sdp.partition_C(keys_first_identity<Traits>(select<0, 1>(typename Traits::TileShapeSdP{})));
-    Mask<Traits::kCausal, kBlockM, kBlockN> const mask{p.seqlen_q, p.seqlen_k};
+    using MaskT = Mask<Traits::kCausal, kBlockM, kBlockN>;
+    // A window's left edge: the query blocks from this one on need the mask too.
+    int const masked_from =
+        Traits::kCausal ? p.mask_policy().query_blocks_masked_from(range, n_block, kBlockM, kBlockN) : range.m_block_max;
     bool const last_partial = (n_block + 1) * kBlockN > p.seqlen_k;
 
     typename PipelineQ::PipelineState read_q;
@@ -410,7 +423,9 @@ struct Mainloop {
       // Line 9: P = exp(S - L), with the mask on the blocks that need it,
       // while dP's GEMM runs.
       warpgroup_wait<1>();
-      if (last_partial || m_block < range.m_block_mask) mask.apply(tSrS, coords, m_block, n_block);
+      if (last_partial || m_block < range.m_block_mask || m_block >= masked_from) {
+        MaskT::apply(p.mask_policy(), tSrS, coords, m_block, n_block);
+      }
       float const* lse_log2 = smem.lse_log2.data() + stage_q * kBlockM;
       float const* dpsum = smem.dpsum.data() + stage_q * kBlockM;
       CUTE_UNROLL

@@ -25,6 +25,8 @@ struct PostprocessParams {
   int64_t dq_strides[3];  // batch, seq, head
   int seqlen_q;
   int seqlen_k;
+  int window_left;  // the call's Window (the masked kernel's only)
+  int window_right;
   int num_heads;
   int m_blocks;
   float softmax_scale;
@@ -62,8 +64,11 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
   if (!counted) {
     wait_for_earlier_grid();  // the main kernel's dQ sums
   } else if (tid == 0) {
+    MaskPolicy const mask = Traits::kCausal ? MaskPolicy{p.seqlen_q, p.seqlen_k, false, p.window_left, p.window_right}
+                                            : MaskPolicy{p.seqlen_q, p.seqlen_k, false};
+    // The key blocks that add to this tile: first_key_block .. last_key_block.
     int const key_blocks =
-        MaskPolicy{p.seqlen_q, p.seqlen_k, Traits::kCausal}.last_key_block(m_block, kM, Traits::kBlockN) + 1;
+        mask.last_key_block(m_block, kM, Traits::kBlockN) - mask.first_key_block(m_block, kM, Traits::kBlockN) + 1;
     wait_at_least<256>(p.ready + t / p.m_blocks, p.ready_items);
     wait_at_least<256>(p.dq_arrivals + t, key_blocks);
   }

@@ -14,10 +14,29 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 
 #include "common/int_math.h"
 
 namespace flash3 {
+
+// A call's window as the kernels hold it (int), from the API's (int64_t,
+// -1 unbounded; causal: right 0). A bound no (row, key) pair of these
+// sequences reaches is dropped (-1): rows see keys up to seqlen_q - 1 right
+// of their diagonal and seqlen_k - 1 left of it.
+struct Window {
+  int left = -1;
+  int right = -1;
+
+  FLASH3_HOST_DEVICE bool any() const { return left >= 0 || right >= 0; }
+};
+
+inline Window window_of(bool causal, int64_t left, int64_t right, int64_t seqlen_q, int64_t seqlen_k) {
+  Window w;
+  w.left = left >= 0 && left < seqlen_k ? int(left) : -1;
+  w.right = causal ? 0 : right >= 0 && right < seqlen_q ? int(right) : -1;
+  return w;
+}
 
 // The key blocks a range of query rows visits (the forward's walk).
 struct BlockRange {

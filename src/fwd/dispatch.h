@@ -1,6 +1,8 @@
 // The one place where runtime arguments become template parameters of the
 // forward kernel: the rows of fwd/variants.h's table that are built for a
-// (dtype, head dim), each for both masks. Each (dtype, head dim) is compiled
+// (dtype, head dim), each for no mask and the causal mask, and those with
+// every technique on for a sliding window too (a window wider than the
+// sequences is none). Each (dtype, head dim) is compiled
 // in its own generated translation unit (fwd/instantiate.cu.in).
 #pragma once
 
@@ -9,6 +11,7 @@
 
 #include "common/device_info.h"
 #include "common/element.h"
+#include "common/mask.h"
 #include "flash3/flash3.h"
 #include "fwd/launch.h"
 #include "fwd/traits.h"
@@ -24,8 +27,17 @@ bool launch_if_selected(ForwardArgs const& a, DeviceInfo const& device, cudaStre
   if constexpr (kRow.built_for(kDType, kHeadDim)) {
     if (kRow.selected_by(a.dtype, int(a.head_dim), a.options, a.fp8.out_dtype)) {
       using Element = ElementOf<kDType>;
-      status = a.causal ? launch_forward<FwdTraits<Element, kHeadDim, kRow.variant.with_causal(true)>>(a, device, stream)
-                        : launch_forward<FwdTraits<Element, kHeadDim, kRow.variant.with_causal(false)>>(a, device, stream);
+      Window const w = window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k);
+      if (w.left >= 0 || (!a.causal && w.right >= 0)) {
+        if constexpr (kRow.variant.all_techniques()) {
+          status = launch_forward<FwdTraits<Element, kHeadDim, kRow.variant.with_mask(false, true)>>(a, device, stream);
+        } else {
+          status = Status(Status::Code::kUnsupported, kNoWindowWithOptions);  // validate() says so first
+        }
+        return true;
+      }
+      status = a.causal ? launch_forward<FwdTraits<Element, kHeadDim, kRow.variant.with_mask(true, false)>>(a, device, stream)
+                        : launch_forward<FwdTraits<Element, kHeadDim, kRow.variant.with_mask(false, false)>>(a, device, stream);
       return true;
     }
   }

@@ -53,8 +53,8 @@ struct Kernel {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
   CUTE_DEVICE static BlockRange range_of(Params const& params, TileCoord tile) {
-    MaskPolicy const mask{params.mainloop.seqlen_q, params.mainloop.seqlen_k, Traits::kCausal};
-    return block_range(mask, tile.m_block, Traits::kBlockM, Traits::kBlockN, params.mainloop.row_offset);
+    return block_range(params.mainloop.mask_policy(), tile.m_block, Traits::kBlockM, Traits::kBlockN,
+                       params.mainloop.row_offset);
   }
 
   CUTE_DEVICE static PipelinesT make_pipelines(Params const& params, SharedStorage& smem) {

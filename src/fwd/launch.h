@@ -46,7 +46,8 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   params.mainloop = KernelT::MainloopT::make_params(
       gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch), gmem_tensor<Traits>(a.k, a.seqlen_k, a.heads_kv, a.batch),
       gmem_tensor<Traits>(a.v, a.seqlen_k, a.heads_kv, a.batch), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
-      int(a.seqlen_k), row_offset, scale, q_scale, k_scale, v_scale);
+      int(a.seqlen_k), row_offset, window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k), scale,
+      q_scale, k_scale, v_scale);
   params.epilogue = Epilogue<Traits>::make_params(
       gmem_tensor<Traits, void*, typename Traits::ElementO>(a.o, a.seqlen_q, a.heads_q, a.batch), a.lse, a.sinks,
       int(a.seqlen_q), int(a.heads_q), row_offset);

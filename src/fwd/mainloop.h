@@ -82,16 +82,26 @@ struct Mainloop {
     int seqlen_q;
     int seqlen_k;
     int row_offset;    // rows above the sequence in the first tile (tile_first_row)
+    int window_left;   // the call's Window (the masked kernel's only)
+    int window_right;
     float scale_log2;  // softmax_scale * log2(e)
     // FP8's descale factors, per (batch, head, block) of Q (block M) and of
     // K and V (block N).
     ScaleView q_scale;
     ScaleView k_scale;
     ScaleView v_scale;
+
+    // The mask policy of the kernel's calls: the causal mask's at compile
+    // time, or a window's from the call's bounds (read from the parameters
+    // where used, not held in registers).
+    CUTE_HOST_DEVICE MaskPolicy mask_policy() const {
+      if constexpr (Traits::kWindow) return MaskPolicy{seqlen_q, seqlen_k, false, window_left, window_right};
+      return MaskPolicy{seqlen_q, seqlen_k, Traits::kCausal};
+    }
   };
 
   static Params make_params(GmemTensor const& q, GmemTensor const& k, GmemTensor const& v, int head_group,
-                            int seqlen_q, int seqlen_k, int row_offset, float softmax_scale,
+                            int seqlen_q, int seqlen_k, int row_offset, Window window, float softmax_scale,
                             ScaleView q_scale = {}, ScaleView k_scale = {}, ScaleView v_scale = {}) {
     return {make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(SmemLayoutQ{}), select<0, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}),
@@ -102,6 +112,8 @@ struct Mainloop {
             seqlen_q,
             seqlen_k,
             row_offset,
+            window.left,
+            window.right,
             softmax_scale * float(M_LOG2E),
             q_scale,
             k_scale,
@@ -285,8 +297,8 @@ struct Mainloop {
       // Without a producer, the ablation's kernel, the branch doubled the
       // mainloop's R2UR moves: that kernel keeps every warpgroup busy.)
       int const group = cutlass::canonical_warp_group_idx() - 1;
-      BlockRange const own = warpgroup_block_range(MaskPolicy{p.seqlen_q, p.seqlen_k, Traits::kCausal}, tile.m_block,
-                                                   kBlockM, group, kBlockN, p.row_offset);
+      BlockRange const own =
+          warpgroup_block_range(p.mask_policy(), tile.m_block, kBlockM, group, kBlockN, p.row_offset);
       if (own.empty()) {
         // Q's load is still waited for: with every warpgroup idle (a tile
         // whose rows all see no key) nothing else would, and the CTA could
@@ -333,8 +345,7 @@ struct Mainloop {
       if (descale.fold(o_scale, next) || max_moved) rescale_rows(tOrO, o_scale);
     };
 
-    Mask<Traits::kCausal, kBlockM, kBlockN, typename Traits::TiledMmaQK> const mask{p.seqlen_q, p.seqlen_k,
-                                                                                    p.row_offset};
+    using MaskT = Mask<Traits::kWindow, kBlockM, kBlockN, typename Traits::TiledMmaQK>;
 
     pipeline_q.consumer_wait(read_q);
     if (range.empty()) {
@@ -360,8 +371,8 @@ struct Mainloop {
       // in head dim 64's causal kernel. With two they stay hoisted (10-25
       // fewer instructions per masked block).
       if constexpr (decltype(needs_mask)::value) {
-        mask.apply(acc_s, tile.m_block, n_block,
-                   Traits::kNumConsumerWarpGroups == 3 ? Traits::consumer_thread_idx() : thread_idx);
+        MaskT::apply(p.mask_policy(), p.row_offset, acc_s, tile.m_block, n_block,
+                     Traits::kNumConsumerWarpGroups == 3 ? Traits::consumer_thread_idx() : thread_idx);
       }
       max_moved = softmax.step(acc_s, o_scale, p.scale_log2 * block.qk);
     };
@@ -369,6 +380,14 @@ struct Mainloop {
 
     int n_block = range.n_block_max - 1;
     int const n_block_mask = max(range.n_block_mask, range.n_block_min);
+    // A window's left edge: the blocks below this one need the mask too
+    // (the walk's last ones).
+    auto masked_below = [&]() {
+      if constexpr (!Traits::kWindow) return 0;
+      int const last_row = tile_first_row(tile.m_block, kBlockM, p.row_offset) + kBlockM - 1;
+      return p.mask_policy().key_blocks_masked_below(last_row, kBlockN);
+    };
+    int const n_block_unmasked_min = Traits::kWindow ? max(masked_below(), range.n_block_min) : range.n_block_min;
 
     if constexpr (Traits::kIntraWGOverlap) {
       // Algorithm 2, lines 3-6: S_cur = Q K_0^T, softmax.
@@ -379,7 +398,7 @@ struct Mainloop {
       previous_epilogue();
       warpgroup_wait<0>();
       release_k();
-      if (n_block >= n_block_mask) {
+      if (n_block >= n_block_mask || (Traits::kWindow && n_block < n_block_unmasked_min)) {
         softmax_step(tSrS, n_block, cute::true_type{}, first);
       } else {
         softmax_step(tSrS, n_block, cute::false_type{}, first);
@@ -409,10 +428,22 @@ struct Mainloop {
       // the (then idle) masked loop out, which frees the registers head dim
       // 256's 96-key blocks need; BF16 keeps it: without it the compiler
       // schedules the head dim 256 mainloop worse.
-      if constexpr (Traits::kCausal || !Traits::kFp8) {
-        for (; n_block >= n_block_mask; --n_block) iteration(n_block, cute::true_type{});
+      if constexpr (Traits::kWindow) {
+        // The masked blocks at both ends of the walk (the window's left edge
+        // below) in one loop, with the iteration inlined twice, not thrice.
+        for (; n_block >= range.n_block_min; --n_block) {
+          if (n_block >= n_block_mask || n_block < n_block_unmasked_min) {
+            iteration(n_block, cute::true_type{});
+          } else {
+            iteration(n_block, cute::false_type{});
+          }
+        }
+      } else {
+        if constexpr (Traits::kCausal || !Traits::kFp8) {
+          for (; n_block >= n_block_mask; --n_block) iteration(n_block, cute::true_type{});
+        }
+        for (; n_block >= range.n_block_min; --n_block) iteration(n_block, cute::false_type{});
       }
-      for (; n_block >= range.n_block_min; --n_block) iteration(n_block, cute::false_type{});
       query_done(pipeline_q, read_q);
       // Lines 18-19: the last O += P V.
       pingpong_wait_turn(warp_group);
@@ -440,7 +471,10 @@ struct Mainloop {
         release_v();
       };
       for (; n_block >= n_block_mask; --n_block) iteration(n_block, cute::true_type{});
-      for (; n_block >= range.n_block_min; --n_block) iteration(n_block, cute::false_type{});
+      for (; n_block >= n_block_unmasked_min; --n_block) iteration(n_block, cute::false_type{});
+      if constexpr (Traits::kWindow) {
+        for (; n_block >= range.n_block_min; --n_block) iteration(n_block, cute::true_type{});
+      }
       query_done(pipeline_q, read_q);
     }
     return descale.o_factor();

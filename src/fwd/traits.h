@@ -27,14 +27,18 @@ struct FwdTraits {
   // P is re-laid out in registers, and the inputs carry descale factors.
   static constexpr bool kFp8 = sizeof(Element) == 1;
   using ElementO = std::conditional_t<kFp8, ElementOf<kVariant.fp8_out>, Element>;
-  static constexpr bool kCausal = kVariant.causal;
+  static constexpr bool kCausal = kVariant.causal;  // the masked kernel (fwd/variants.h)
+  static constexpr bool kWindow = kVariant.window;
   static constexpr bool kPingpong = kVariant.pingpong;
-  static constexpr bool kIntraWGOverlap = kVariant.intra_warpgroup_overlap;
+  // The window kernels at head dim 256 and in FP8 run Algorithm 1's
+  // iteration: with the overlap's S_next and P both live they spill.
+  static constexpr bool kIntraWGOverlap =
+      kVariant.intra_warpgroup_overlap && !(kVariant.window && (sizeof(Element) == 1 || kHeadDim_ == 256));
   // Algorithm 1's producer warpgroup. Switched off (the ablation), the
   // consumers issue the TMA loads themselves, between their GEMMs.
   static constexpr bool kWarpSpecialized = kVariant.warp_specialization;
 
-  static constexpr TileSize kTile = tile_size(kHeadDim, kFp8);
+  static constexpr TileSize kTile = tile_size(kHeadDim, kFp8, kWindow);
   // OnlineSoftmax's lazy row max, where skipping O's rescale (d/2 multiplies
   // per thread and key block) pays for the check: from head dim 128 on.
   static constexpr bool kLazyRowMax = !kFp8 && kHeadDim >= 128;

@@ -15,17 +15,21 @@ namespace flash3::fwd {
 // techniques are the paper's (KernelOptions); persistence is not among them,
 // as it is the grid's choice (common/tile_scheduler.h).
 struct Variant {
-  bool causal = false;
+  bool causal = false;  // the masked kernel: the causal mask, or with `window` any sliding window
+  bool window = false;  // the call's window bounds at run time (both edges masked)
   bool pingpong = true;                 // §3.1
   bool intra_warpgroup_overlap = true;  // §3.2, Algorithm 2
   bool warp_specialization = true;      // Algorithm 1's producer warpgroup
   DType fp8_out = DType::kBF16;         // FP8 only: O's dtype
 
-  constexpr Variant with_causal(bool c) const {
+  constexpr Variant with_mask(bool causal, bool window) const {
     Variant v = *this;
-    v.causal = c;
+    v.causal = causal || window;
+    v.window = window;
     return v;
   }
+  // Every technique on: the variants the window kernels are built for.
+  constexpr bool all_techniques() const { return pingpong && intra_warpgroup_overlap && warp_specialization; }
 };
 
 // A row of the table: a variant built for a dtype and one head dim, or every
@@ -71,6 +75,10 @@ inline constexpr char kBuiltVariantsInWords[] =
 
 // Whether some kernel runs a forward call with these arguments (given that
 // its dtype and head dim are compiled into the build).
+// The window kernels are built for the rows with every technique on.
+inline constexpr char kNoWindowWithOptions[] =
+    "options: the ablation's variants (a KernelOptions technique off) have no sliding-window kernel";
+
 constexpr bool variant_built(DType dtype, int head_dim, KernelOptions const& options, DType fp8_out) {
   for (BuiltVariant const& row : kBuiltVariants) {
     if (row.selected_by(dtype, head_dim, options, fp8_out)) return true;

@@ -27,14 +27,19 @@ BF16, FP16, E4M3 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 # ---- references -------------------------------------------------------------
 
 
-def visible(seqlen_q, seqlen_k, causal, device):
+def visible(seqlen_q, seqlen_k, causal, device, window=(-1, -1)):
     """[seqlen_q, seqlen_k] bool: whether query i sees key j (causal: j <= i +
-    seqlen_k - seqlen_q, bottom-right aligned as in FlashAttention)."""
-    if not causal:
-        return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    g, g = seqlen_k - seqlen_q, bottom-right aligned as in FlashAttention; a
+    window (left, right): i + g - left <= j <= i + g + right, -1 unbounded)."""
     i = torch.arange(seqlen_q, device=device)[:, None]
     j = torch.arange(seqlen_k, device=device)[None, :]
-    return j <= i + seqlen_k - seqlen_q
+    left, right = window[0], 0 if causal else window[1]
+    seen = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if right >= 0:
+        seen &= j <= i + seqlen_k - seqlen_q + right
+    if left >= 0:
+        seen &= j >= i + seqlen_k - seqlen_q - left
+    return seen
 
 
 def _heads_first(q, k, v):
@@ -51,13 +56,13 @@ def _with_sinks(scores, sinks):
     return torch.cat([scores, sinks.to(scores.dtype)[None, :, None, None].expand(b, h, sq, 1)], -1)
 
 
-def reference(q, k, v, causal, scale, sinks=None):
+def reference(q, k, v, causal, scale, sinks=None, window=(-1, -1)):
     """(out, lse) in float64 by PyTorch's math SDPA, differentiable. A row that
     sees no key gives zeros (gradient zero) and an LSE of +inf, as flash3.
     With sinks, each head's sink joins the softmax as a column without a
     value (a row that sees no key then has its sink as LSE)."""
     qt, kt, vt = _heads_first(q.double(), k.double(), v.double())
-    mask = visible(q.shape[1], k.shape[1], causal, q.device)
+    mask = visible(q.shape[1], k.shape[1], causal, q.device, window)
     if sinks is not None:
         scores = _with_sinks(((qt @ kt.transpose(-1, -2)) * scale).masked_fill(~mask, -math.inf), sinks.double())
         lse = scores.logsumexp(-1)
@@ -72,13 +77,13 @@ def reference(q, k, v, causal, scale, sinks=None):
     return out.transpose(1, 2), lse
 
 
-def straightforward(q, k, v, causal, scale, sinks=None):
+def straightforward(q, k, v, causal, scale, sinks=None, window=(-1, -1)):
     """The attention as a plain implementation in q's dtype computes it (S and
     P rounded to the dtype, the softmax in float32): the yardstick of the
     tolerance. Differentiable."""
     qt, kt, vt = _heads_first(q, k, v)
     s = ((qt @ kt.transpose(-1, -2)) * scale).float()
-    s = s.masked_fill(~visible(q.shape[1], k.shape[1], causal, q.device), -math.inf)
+    s = s.masked_fill(~visible(q.shape[1], k.shape[1], causal, q.device, window), -math.inf)
     if sinks is not None:
         s = _with_sinks(s, sinks)
     p = torch.softmax(s, -1).nan_to_num(0.0)
@@ -157,16 +162,17 @@ def run_case(dtype, causal, c):
     # Sinks around the scores' own size, some above every score of a row.
     sinks = (2 * torch.randn(hq, device="cuda")).requires_grad_() if c.get("sinks") else None
     inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
+    window = c.get("window", (-1, -1))
     out, lse = flash3.flash_attn_func(q, k, v, softmax_scale=c["scale"], causal=causal, return_attn_probs=True,
-                                      sinks=sinks)
+                                      sinks=sinks, window_size=window)
     dout = make((b, sq, hq, d), dtype, c["layouts"][3]).detach()
     grads = torch.autograd.grad(out, inputs, dout)
 
     refs = [t.detach().double().requires_grad_() for t in inputs]
-    ref_out, ref_lse = reference(*refs[:3], causal, scale, *refs[3:])
+    ref_out, ref_lse = reference(*refs[:3], causal, scale, *refs[3:], window=window)
     ref_grads = torch.autograd.grad(ref_out, refs, dout.double())
     lows = [t.detach().clone().requires_grad_() for t in inputs]
-    low_out = straightforward(*lows[:3], causal, scale, *lows[3:])
+    low_out = straightforward(*lows[:3], causal, scale, *lows[3:], window=window)
     low_grads = torch.autograd.grad(low_out, lows, dout)
 
     assert out.dtype == dtype and out.shape == q.shape
@@ -252,6 +258,17 @@ def test_sinks_against_float64(gpu, head_dim, causal):
     torch.manual_seed(rng.randrange(2 ** 31))
     for dtype in (BF16, FP16):
         run_case(dtype, causal, dict(random_case(rng, head_dim), sinks=True))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
+def test_windows_against_float64(gpu, head_dim, causal):
+    rng = random.Random(f"flash3 windows {head_dim} {causal}")
+    torch.manual_seed(rng.randrange(2 ** 31))
+    for dtype in (BF16, FP16):
+        for window in ((0, 0), (rng.randint(1, 200), rng.choice([-1, 0, rng.randint(1, 100)])),
+                       (-1, rng.randint(0, 300))):
+            run_case(dtype, causal, dict(random_case(rng, head_dim), window=window, sinks=rng.random() < 0.3))
 
 
 def test_sinks_of_rows_that_see_no_key(gpu):
