@@ -111,6 +111,7 @@ struct Config {
   bool deterministic = false;  // backward
   bool sinks = false;          // a random sink per query head
   int64_t window_left = -1, window_right = -1;  // a sliding window (-1: unbounded)
+  float softcap = 0.f;                          // 0: off
   // FP8 (dtype kE4M3): the inputs are bf16 draws quantized by quantize_fp8.
   flash3::ScaleGranularity granularity = flash3::ScaleGranularity::kPerBlock;
   bool hadamard = false;
@@ -145,6 +146,7 @@ struct Options {
   bool check = true, ablation = false, deterministic = false, fp8_accuracy = false, quant_bandwidth = false;
   bool sinks = false;
   int64_t window_left = -1, window_right = -1;
+  float softcap = 0.f;
   flash3::ScaleGranularity granularity = flash3::ScaleGranularity::kPerBlock;
   bool hadamard = false;
   flash3::KernelOptions options;  // --no-pingpong, --no-overlap, --no-ws: one technique off for the whole sweep
@@ -176,6 +178,7 @@ void usage() {
       "  --deterministic        backward in deterministic mode\n"
       "  --window L,R           a sliding window (FlashAttention's window_size; -1 unbounded); TFLOP/s\n"
       "                         count the pairs the window visits\n"
+      "  --softcap X            softcapping of the scores at X (Gemma 2's; 0 off)\n"
       "  --sinks                a random attention sink per query head (the check covers O, dQ, dK,\n"
       "                         dV; the sinks' own gradient is the tests')\n"
       "  --ablation             paper Table 2: batch 4, seqlen 8448, 16 heads, hdim 128, each technique off\n"
@@ -241,6 +244,10 @@ Options parse(int argc, char** argv) {
     else if (a == "--ablation") o.ablation = true;
     else if (a == "--deterministic") o.deterministic = true;
     else if (a == "--sinks") o.sinks = true;
+    else if (a == "--softcap") {
+      o.softcap = std::stof(next());
+      if (!(o.softcap >= 0.f) || !std::isfinite(o.softcap)) { std::fprintf(stderr, "--softcap: a finite X >= 0\n"); std::exit(2); }
+    }
     else if (a == "--window") {
       std::vector<int64_t> const w = parse_list<int64_t>(next());
       if (w.size() != 2 || w[0] < -1 || w[1] < -1) { std::fprintf(stderr, "--window: L,R, each -1 or more\n"); std::exit(2); }
@@ -454,6 +461,7 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
   a.causal = c.causal;
   a.window_left = c.window_left;
   a.window_right = c.window_right;
+  a.softcap = c.softcap;
   a.options = c.options;
   a.q = flash3::contiguous<const void*>(q, c.seqlen, c.heads_q, d);
   a.k = flash3::contiguous<const void*>(k, c.seqlen, c.heads_kv, d);
@@ -494,6 +502,7 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
     b.causal = c.causal;
     b.window_left = c.window_left;
     b.window_right = c.window_right;
+    b.softcap = c.softcap;
     b.deterministic = c.deterministic;
     b.q = a.q;
     b.k = a.k;
@@ -532,6 +541,7 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
         flash3::reference::AttentionShape shape{c.batch, c.seqlen, c.seqlen, c.heads_q, c.heads_kv, d, 0.f, c.causal};
         shape.window_left = c.window_left;
         shape.window_right = c.window_right;
+        shape.softcap = c.softcap;
         // FP8: the reference sees the quantized inputs (dequantized).
         for (auto [buf, emulate] : {std::pair{ref, false}, std::pair{low, true}}) {
           using flash3::reference::Fp8Emulation;
@@ -551,6 +561,7 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
         flash3::reference::AttentionShape shape{1, c.seqlen, c.seqlen, group, 1, d, 0.f, c.causal};
         shape.window_left = c.window_left;
         shape.window_right = c.window_right;
+        shape.softcap = c.softcap;
         size_t const sq = size_t(c.seqlen) * group * d, sk = size_t(c.seqlen) * d;
         // The epsilon as the GPU tests' (reference::backward_epsilon).
         float *ref, *low, *rounded_o;
@@ -851,6 +862,12 @@ int main(int argc, char** argv) {
             if (c.window_left >= 0 || c.window_right >= 0) {
               std::string const w = "window(" + std::to_string(c.window_left) + "," + std::to_string(c.window_right) + ")";
               c.variant = c.variant == "default" ? w : c.variant + "+" + w;
+            }
+            c.softcap = opt.softcap;
+            if (c.softcap != 0.f) {
+              char buf[32];
+              std::snprintf(buf, sizeof buf, "softcap(%g)", c.softcap);
+              c.variant = c.variant == "default" ? buf : c.variant + "+" + buf;
             }
             c.head_dim = d;
             c.causal = causal;

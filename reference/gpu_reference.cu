@@ -81,6 +81,7 @@ struct Params {
   int kv_ld;  // row pitch of the K/V tile in shared memory
   float scale;
   int64_t window_left, window_right;  // -1: unbounded; the causal mask is right 0
+  float softcap;                      // 0: off
   bool emulate;
   bool standard_fp8;  // Fp8Emulation::kStandard (with emulate)
   bool out_bf16;  // O's rounding when emulating
@@ -119,7 +120,7 @@ __device__ void load_tile(float* tile, const T* src, int64_t seq_stride, int64_t
   }
 }
 
-// s[i] = S[row0 + 4 warp + i][n0 + lane]: scaled, rounded when emulating, and
+// s[i] = S[row0 + 4 warp + i][n0 + lane]: scaled, softcapped, rounded when emulating, and
 // -inf where masked (past seqlen_q or seqlen_k, or outside the row's window).
 template <class T>
 __device__ void scores(float (&s)[kRowsPerWarp], const float* q_t, const float* k_tile, int64_t row0, int64_t n0,
@@ -144,7 +145,7 @@ __device__ void scores(float (&s)[kRowsPerWarp], const float* q_t, const float* 
         row < p.seqlen_q && j < p.seqlen_k &&
         (p.window_right < 0 || j <= row + p.seqlen_k - p.seqlen_q + p.window_right) &&
         (p.window_left < 0 || j >= row + p.seqlen_k - p.seqlen_q - p.window_left);
-    const float x = s[i] * p.scale;
+    const float x = p.softcap > 0.f ? p.softcap * tanhf(s[i] * p.scale / p.softcap) : s[i] * p.scale;
     const float rounded = p.standard_fp8 ? round_half(x) : Precision<T>::round_s(x);
     s[i] = visible ? (p.emulate ? rounded : x) : -INFINITY;
   }
@@ -343,6 +344,7 @@ cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstT
   p.scale = float(effective_scale(shape));
   p.window_left = shape.window_left;
   p.window_right = window_right_of(shape);
+  p.softcap = float(shape.softcap);
   p.emulate = emulate_low_precision;
   p.standard_fp8 = standard_fp8;
   p.out_bf16 = dtype == flash3::DType::kBF16;

@@ -52,6 +52,7 @@ struct Params {
   int head_dim;
   float scale;
   int64_t window_left, window_right;  // -1: unbounded; the causal mask is right 0
+  float softcap;                      // 0: off
   bool emulate;
 };
 
@@ -85,9 +86,19 @@ __device__ bool visible(const Params& p, int64_t i, int64_t j) {
   return (p.window_right < 0 || j <= diagonal + p.window_right) && (p.window_left < 0 || j >= diagonal - p.window_left);
 }
 
+// The scaled score, softcapped: softcap * tanh(s / softcap).
+__device__ float capped(const Params& p, float s) { return p.softcap > 0.f ? p.softcap * tanhf(s / p.softcap) : s; }
+
+// The capped score's derivative by the scaled score, 1 - tanh^2, from the capped score.
+__device__ float cap_slope(const Params& p, float capped_score) {
+  if (p.softcap == 0.f) return 1.f;
+  const float t = capped_score / p.softcap;
+  return 1.f - t * t;
+}
+
 template <class T>
 __device__ float score(const Params& p, const float* q_row, const T* k_row) {
-  const float s = dot(q_row, k_row, p.head_dim) * p.scale;
+  const float s = capped(p, dot(q_row, k_row, p.head_dim) * p.scale);
   return p.emulate ? Precision<T>::round(s) : s;
 }
 
@@ -132,6 +143,7 @@ __global__ void __launch_bounds__(kThreads) query_rows(const Params p) {
     const float pr = expf(score(p, q_row, row_ptr<T>(p.k, b, j, hk)) - lse);
     return p.emulate ? Precision<T>::round(pr) : pr;
   };
+  auto slope = [&](int64_t j) { return cap_slope(p, score(p, q_row, row_ptr<T>(p.k, b, j, hk))); };
   auto dprob = [&](int64_t j) {
     const float dp = dot(do_row, row_ptr<T>(p.v, b, j, hk), d);
     return p.emulate ? Precision<T>::round(dp) : dp;
@@ -155,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) query_rows(const Params p) {
     float g = 0.f;
     if (j < p.seqlen_k) {
       const float pr = prob(j);
-      if (pr != 0.f) g = pr * (dprob(j) - dsum);
+      if (pr != 0.f) g = pr * (dprob(j) - dsum) * slope(j);
       if (p.emulate) g = Precision<T>::round(g);
     }
     __syncthreads();
@@ -206,12 +218,13 @@ __global__ void __launch_bounds__(kThreads) key_rows(const Params p) {
       __syncthreads();  // k_row/v_row stored; the last chunk's readers are done
       if (i < p.seqlen_q && visible(p, i, j)) {
         const float lse = p.lse[(b * p.heads_q + h) * p.seqlen_q + i];
-        const float s = dot(k_row, row_ptr<T>(p.q, b, i, h), d) * p.scale;
-        pi = expf((p.emulate ? Precision<T>::round(s) : s) - lse);
+        float s = capped(p, dot(k_row, row_ptr<T>(p.q, b, i, h), d) * p.scale);
+        if (p.emulate) s = Precision<T>::round(s);
+        pi = expf(s - lse);
         if (p.emulate) pi = Precision<T>::round(pi);
         float dp = dot(v_row, row_ptr<T>(p.dout, b, i, h), d);
         if (p.emulate) dp = Precision<T>::round(dp);
-        g = pi * (dp - p.dpsum[(b * p.heads_q + h) * p.seqlen_q + i]);
+        g = pi * (dp - p.dpsum[(b * p.heads_q + h) * p.seqlen_q + i]) * cap_slope(p, s);
         if (p.emulate) g = Precision<T>::round(g);
       }
       pr[threadIdx.x] = pi;
@@ -293,6 +306,7 @@ cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dt
   p.scale = float(effective_scale(shape));
   p.window_left = shape.window_left;
   p.window_right = window_right_of(shape);
+  p.softcap = float(shape.softcap);
   p.emulate = emulate_low_precision;
   p.sinks = sinks;
   p.dsinks = dsinks;

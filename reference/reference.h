@@ -131,10 +131,10 @@ void attention_backward_cpu(const AttentionShape& shape, const double* q, const 
                             const double* dout, double* dq, double* dk, double* dv, const double* sinks = nullptr,
                             double* dsinks = nullptr);
 
-// Whether the GPU versions compute a shape: the causal mask and windows, not
-// yet softcapping or a V head dim of its own; they refuse the others
+// Whether the GPU versions compute a shape: the causal mask, windows and
+// softcapping, not yet a V head dim of its own; they refuse the others
 // (cudaErrorInvalidValue) rather than ignore them.
-inline bool gpu_computes(const AttentionShape& s) { return s.softcap == 0.0 && value_head_dim(s) == s.head_dim; }
+inline bool gpu_computes(const AttentionShape& s) { return value_head_dim(s) == s.head_dim; }
 
 // The window's bounds as the GPU versions take them: (left, right), -1
 // unbounded, the causal mask folded into right.

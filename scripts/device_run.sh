@@ -7,7 +7,7 @@
 # carried in .device/ (scripts/stage_device.sh), or built here by the stage
 # `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
 #   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize bench bwd
-#                                       fp8 ablation compare sustained match ab
+#                                       fp8 ablation compare sustained match ab features
 #                                       (default: test python sanitize bench bwd fp8 ablation compare)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter). The stages
 # `compare` (the GPU idle PEERS_GAP_MS, default 50, before every sample) and
@@ -113,11 +113,12 @@ if has sanitize; then
   # Attention sinks: the softmax's finalize with one, and their gradient's kernel.
   sinks="--pass fwd+bwd --seqlen 200 --tokens 400 --hidden 512 --hdim 64,128 --gqa 2 --sinks --reps 1"
   # Sliding windows: both edges masked, key blocks outside skipped, both passes.
-  window="--pass fwd+bwd --seqlen 300 --tokens 600 --hidden 512 --hdim 64,128,256 --window 70,10 --reps 1"
+  window="--pass fwd+bwd --seqlen 300 --tokens 600 --hidden 512 --hdim 64,128,256 --window 70,10 --causal 0 --reps 1"
+  window_causal="--pass fwd+bwd --seqlen 300 --tokens 600 --hidden 512 --hdim 64,128,256 --window 100,0 --causal 1 --reps 1"
   # The ablation variant without warp specialization: several tiles per CTA.
   nows="--no-ws --seqlen 512 --tokens 8192 --hidden 512 --hdim 128 --reps 1 --no-check"
   for tool in memcheck racecheck synccheck; do
-    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$bwd_split" "$bwd_split2" "$fp8" "$fp8_head" "$sinks" "$window" "$nows"; do
+    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$bwd_split" "$bwd_split2" "$fp8" "$fp8_head" "$sinks" "$window" "$window_causal" "$nows"; do
       [ $tool = racecheck ] && [ "$args" = "$fp8_head" ] && args=$fp8_head_race
       timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/flash3-bench $args >>"$OUT/sanitize.log" 2>&1
       summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
@@ -212,6 +213,32 @@ if has ab; then
   summary+=("ab: $(tail -1 "$OUT/ab.md") (baseline $(cat .base/COMMIT 2>/dev/null))")
 fi
 
+if has features; then
+  # Issue 34's speed targets, each beside the plain kernel of the same run in
+  # the same regime (AB_REGIME), AB_ROUNDS interleaved rounds, head dim 128:
+  # a causal 4096 window at 16k (TFLOP/s over the pairs it visits, against
+  # the causal kernel's), softcapping (30) and a sink at 8k.
+  mkdir -p "$OUT/features"
+  read -ra regime <<<"${AB_REGIME:---gap-ms 300}"
+  for round in $(seq "${AB_ROUNDS:-3}"); do
+    for pass in fwd bwd; do
+      for job in plain:16k window:16k plain:8k softcap:8k sinks:8k; do
+        kind=${job%:*} size=${job#*:}
+        case $size in 16k) shape=(--seqlen 16384 --causal 1) ;; 8k) shape=(--seqlen 8192 --causal both) ;; esac
+        case $kind in plain) extra=() ;; window) extra=(--window 4096,0) ;; softcap) extra=(--softcap 30) ;;
+          sinks) extra=(--sinks) ;; esac
+        timeout 100 $B/flash3-bench --pass $pass --hdim 128 --tokens 16384 "${shape[@]}" "${extra[@]}" "${regime[@]}" \
+          --no-check --json "$OUT/features/${kind}_${pass}_${round}_${size}.json" >/dev/null 2>>"$OUT/features.err" ||
+          summary+=("features $job $pass round $round rc=$?")
+      done
+    done
+  done
+  for kind in window softcap sinks; do
+    python3 scripts/ab_table.py "$OUT/features" --a plain --b $kind --tolerance 0.03 >"$OUT/features_$kind.md"
+    summary+=("features $kind/plain TFLOP/s: $(tail -1 "$OUT/features_$kind.md")")
+  done
+fi
+
 # flash3 beside SDPA's FlashAttention-2 and cuDNN (and FA3 / flash_attn where
 # importable), each method timed the same way in one process; a process and a
 # file per pass, so that a regime's sweep can be split over calls and merged.
@@ -246,10 +273,14 @@ if [ ! -f "$OUT/peers.txt" ] && [ ! -f "$OUT/peers_sustained.txt" ]; then
   for f in bench.txt bench_bwd.txt; do [ -f "$OUT/$f" ] && { echo "== $f"; grep '^|' "$OUT/$f"; }; done
 fi
 [ -f "$OUT/ab.md" ] && { echo "== ab.md"; grep -E '\*\*$' "$OUT/ab.md"; }
+for f in "$OUT"/features_*.md; do [ -f "$f" ] && { echo "== ${f##*/}"; grep -E '^\| (fwd|bwd)' "$f"; }; done
 for f in bench_fp8.txt fp8_accuracy.txt quant_bandwidth.txt; do [ -f "$OUT/$f" ] && { echo "== $f"; grep -E '^\|' "$OUT/$f"; }; done
 [ -f "$OUT/bench_bwd_det.txt" ] && { echo "== bench_bwd_det.txt (deterministic)"; grep '^| bwd' "$OUT/bench_bwd_det.txt"; }
 echo "== summary"
 printf '%s\n' "${summary[@]}"
 
-# The device tool brings back a few files only: the logs travel as one archive.
-(cd "$OUT" && tar -czf logs.tgz --remove-files $(ls | grep -v '^logs.tgz$'))
+# The device tool brings back a few files only: the logs travel as one
+# archive (logs.tgz; a second call into the same $OUT adds logs2.tgz, ...).
+archive=logs.tgz n=1
+while [ -e "$OUT/$archive" ]; do n=$((n + 1)) archive=logs$n.tgz; done
+(cd "$OUT" && tar -czf $archive --remove-files $(ls | grep -v -E '^logs[0-9]*\.tgz$'))

@@ -45,6 +45,7 @@ struct Case {
   bool packed = false;  // Q, K, V (and dQ, dK, dV) interleaved in one [b, s, 3, h, d] buffer
   bool sinks = false;   // a random sink per query head, and its gradient
   int window_left = -1, window_right = -1;
+  float softcap = 0.f;
 };
 
 std::string name(Case const& c) {
@@ -54,7 +55,8 @@ std::string name(Case const& c) {
          (c.packed ? " packed" : "") + (c.sinks ? " sinks" : "") +
          (c.window_left >= 0 || c.window_right >= 0
               ? " window (" + std::to_string(c.window_left) + ", " + std::to_string(c.window_right) + ")"
-              : "");
+              : "") +
+         (c.softcap != 0.f ? " softcap " + std::to_string(c.softcap) : "");
 }
 
 // A [batch, seqlen, heads, d] tensor in its own buffer, or a view into a packed one.
@@ -121,6 +123,7 @@ class BackwardCase {
     a.causal = c_.causal;
     a.window_left = c_.window_left;
     a.window_right = c_.window_right;
+    a.softcap = c_.softcap;
     a.q = q_.in();
     a.k = k_.in();
     a.v = v_.in();
@@ -147,6 +150,7 @@ class BackwardCase {
     f.causal = c_.causal;
     f.window_left = c_.window_left;
     f.window_right = c_.window_right;
+    f.softcap = c_.softcap;
     f.q = q_.in();
     f.k = k_.in();
     f.v = v_.in();
@@ -197,6 +201,7 @@ class BackwardCase {
     AttentionShape shape{c_.batch, c_.seqlen_q, c_.seqlen_k, c_.heads_q, c_.heads_kv, d_, 0.f, c_.causal};
     shape.window_left = c_.window_left;
     shape.window_right = c_.window_right;
+    shape.softcap = c_.softcap;
     // Each run's buffer: dQ, dK, dV, then the sinks' gradient.
     size_t const n = q_elems_ + 2 * kv_elems_ + (c_.sinks ? c_.heads_q : 0);
     DeviceBuffer<float> ref(n), low(n), rounded_o(n);
@@ -540,6 +545,34 @@ TEST(Backward, Windows) {
       }
     }
   }
+}
+
+// Softcapping's slope in dS: caps that bend the scores (1.5) and that barely
+// do (30), every head dim and dtype, GQA, with the causal mask, a window and
+// sinks, and rows that see no key.
+TEST(Backward, Softcap) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 1100;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (int d : {64, 96, 128, 192, 256}) {
+      for (float softcap : {1.5f, 30.f}) {
+        for (bool causal : {false, true}) {
+          Case c{dtype, d, causal, 2, 300, 300, 4, 2};
+          c.softcap = softcap;
+          run_case(c, seed++);
+        }
+      }
+    }
+  }
+  Case window{DType::kBF16, 128, false, 2, 700, 700, 4, 2};
+  window.softcap = 1.5f;
+  window.window_left = 100;
+  window.window_right = 20;
+  run_case(window, seed++);
+  Case sinks{DType::kBF16, 128, true, 1, 500, 100, 8, 1};
+  sinks.softcap = 1.5f;
+  sinks.sinks = true;
+  run_case(sinks, seed++);
 }
 
 TEST(Backward, RandomShapes) {

@@ -43,6 +43,7 @@ struct Case {
   float k_growth = 0.f;
   bool sinks = false;  // a random sink per query head (ForwardArgs::sinks)
   int window_left = -1, window_right = -1;
+  float softcap = 0.f;
 };
 
 std::string name(Case const& c) {
@@ -52,7 +53,8 @@ std::string name(Case const& c) {
          (c.packed_qkv ? " packed" : "") + (c.sinks ? " sinks" : "") +
          (c.window_left >= 0 || c.window_right >= 0
               ? " window (" + std::to_string(c.window_left) + ", " + std::to_string(c.window_right) + ")"
-              : "");
+              : "") +
+         (c.softcap != 0.f ? " softcap " + std::to_string(c.softcap) : "");
 }
 
 void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) {
@@ -73,6 +75,7 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
   a.causal = c.causal;
   a.window_left = c.window_left;
   a.window_right = c.window_right;
+  a.softcap = c.softcap;
   a.options = options;
 
   size_t const q_batch = size_t(c.seqlen_q) * c.heads_q * d;
@@ -141,6 +144,7 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
   AttentionShape shape{c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, d, 0.f, c.causal};
   shape.window_left = c.window_left;
   shape.window_right = c.window_right;
+  shape.softcap = c.softcap;
   CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, ref_o.ptr, ref_lse.ptr, false, nullptr,
                                            a.sinks));
   CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, low_o.ptr, nullptr, true, nullptr, a.sinks));
@@ -194,6 +198,9 @@ TEST(ForwardAblation, SameResultWithEachTechniqueOff) {
     for (bool causal : {false, true}) {
       run_case({DType::kBF16, 128, causal, 2, 1000, 1000, 4, 2, false}, 99 + bits, options);
       run_case({DType::kBF16, 128, causal, 1, 129, 700, 2, 2, false}, 7 + bits, options);
+      Case softcap{DType::kBF16, 128, causal, 2, 500, 500, 4, 2, false};
+      softcap.softcap = 1.5f;
+      run_case(softcap, 17 + bits, options);
     }
   }
   // Without warp specialization (built with pingpong and the overlap on):
@@ -208,6 +215,9 @@ TEST(ForwardAblation, SameResultWithEachTechniqueOff) {
       run_case({DType::kBF16, 128, causal, 2, 1000, 1000, 4, 2, false}, 31, options);
       run_case({DType::kBF16, 128, causal, 1, 129, 700, 2, 2, false}, 32, options);
       run_case({DType::kBF16, 128, causal, 4, 2000, 1500, 8, 2, false}, 33, options);
+      Case softcap{DType::kBF16, 128, causal, 2, 500, 500, 4, 2, false};
+      softcap.softcap = 1.5f;
+      run_case(softcap, 34, options);
     }
   }
 }
@@ -453,6 +463,35 @@ TEST(Forward, Windows) {
       }
     }
   }
+}
+
+// Softcapping: caps that bend the scores (1.5, with scores of a few units)
+// and that barely do (30), every head dim and dtype, GQA, with the causal
+// mask, a window and sinks, and rows that see no key.
+TEST(Forward, Softcap) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  uint32_t seed = 900;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (int d : {64, 96, 128, 192, 256}) {
+      for (float softcap : {1.5f, 30.f}) {
+        for (bool causal : {false, true}) {
+          Case c{dtype, d, causal, 2, 300, 300, 4, 2, false};
+          c.softcap = softcap;
+          c.k_growth = 2.f;
+          run_case(c, seed++);
+        }
+      }
+    }
+  }
+  Case window{DType::kBF16, 128, false, 2, 700, 700, 4, 2, false};
+  window.softcap = 1.5f;
+  window.window_left = 100;
+  window.window_right = 20;
+  run_case(window, seed++);
+  Case sinks{DType::kBF16, 128, true, 1, 500, 100, 8, 1, false};
+  sinks.softcap = 1.5f;
+  sinks.sinks = true;
+  run_case(sinks, seed++);
 }
 
 TEST(Forward, TilesWhoseRowsSeeNoKey) {

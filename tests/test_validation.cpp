@@ -104,6 +104,17 @@ TEST(Validation, Windows) {
   EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
 }
 
+// Softcapping: 0 (off) or a finite positive cap; with every kernel option.
+TEST(Validation, Softcap) {
+  expect_invalid([](ForwardArgs& a) { a.softcap = -1.f; }, "softcap");
+  expect_invalid([](ForwardArgs& a) { a.softcap = NAN; }, "softcap");
+  expect_invalid([](ForwardArgs& a) { a.softcap = INFINITY; }, "softcap");
+  ForwardArgs a = valid_forward_args();
+  a.softcap = 30.f;
+  a.options.pingpong = false;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+}
+
 // FP8 inputs (1-byte elements) with per-block scales.
 ForwardArgs valid_fp8_args() {
   ForwardArgs a = valid_forward_args();
@@ -397,6 +408,14 @@ TEST(BackwardValidation, Windows) {
   EXPECT_TRUE(flash3::validate(a).ok());
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.window_right = -3; }, "window_right");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.causal = true, a.window_right = 2; }, "window_right");
+}
+
+TEST(BackwardValidation, Softcap) {
+  flash3::BackwardArgs a = valid_backward_args();
+  a.softcap = 50.f;
+  EXPECT_TRUE(flash3::validate(a).ok());
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.softcap = -0.5f; }, "softcap");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.softcap = NAN; }, "softcap");
 }
 
 // dsinks is the gradient of the sinks: it needs them, and a float's alignment.

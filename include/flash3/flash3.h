@@ -144,6 +144,11 @@ struct ForwardArgs {
   int64_t window_left = -1;
   int64_t window_right = -1;
 
+  // Softcapping (Gemma 2): each scaled score s becomes softcap * tanh(s /
+  // softcap) before the mask and the softmax. 0 is off; otherwise finite and
+  // positive. The LSE is that of the capped scores.
+  float softcap = 0.0f;
+
   // Optional float32 [heads_q]: attention sinks (as in gpt-oss), a logit per
   // query head that joins each row's softmax denominator without a value:
   // P_ij = exp(s_ij - L_i) with L_i = log(exp(sink) + sum_j exp(s_ij)), s the
@@ -213,6 +218,7 @@ struct BackwardArgs {
   bool causal = false;
   int64_t window_left = -1;   // as in ForwardArgs
   int64_t window_right = -1;
+  float softcap = 0.0f;       // as in ForwardArgs
 
   // The forward's sinks (ForwardArgs::sinks), or nullptr. With them, dsinks
   // (float32 [heads_q], or nullptr for no sink gradient) is written, not

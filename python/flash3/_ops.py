@@ -38,7 +38,9 @@ _pack_backward = _abi.packer(_abi.BackwardArgs).pack_into
 _pack_quantize = _abi.packer(_abi.QuantizeArgs).pack_into
 _ALL_ON = (True, True, True, True)  # KernelOptions: flash3.h's defaults
 _NO_FP8 = (0, 0, 0, 0, 0)  # Fp8Scales of a bf16/fp16 call
-_NO_WINDOW = (-1, -1)  # (window_left, window_right): unbounded
+# The mask policy's scalars, (window_left, window_right, softcap) in
+# flash3.h's order: no window, no softcap.
+_NO_MASK = (-1, -1, 0.0)
 
 
 def _ref(t):
@@ -135,7 +137,7 @@ def _quantize_outputs(q, k, v, granularity):
 # ---- the structs, from tensors (any device: test_abi.py fills them on the CPU)
 
 
-def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sinks=None, window=_NO_WINDOW):
+def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sinks=None, mask=_NO_MASK):
     args = _abi.ForwardArgs()
     q_scale = scales[0]
     if q_scale is None:
@@ -149,20 +151,20 @@ def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sink
     # tensor is a measurable part of a tiny call's host time.
     _pack_forward(args, 0, DTYPES[q.dtype], b, sq, ks[1], hq, ks[2], d, q.data_ptr(), *q.stride(), k.data_ptr(),
                   *k.stride(), v.data_ptr(), *v.stride(), out.data_ptr(), *out.stride(),
-                  0 if lse is None else lse.data_ptr(), softmax_scale, causal, *window,
+                  0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
                   0 if sinks is None else sinks.data_ptr(), *fp8, *_ALL_ON,
                   0 if counter is None else counter.data_ptr())
     return args
 
 
 def backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, sinks=None,
-                  dsinks=None, window=_NO_WINDOW):
+                  dsinks=None, mask=_NO_MASK):
     """BackwardArgs without a workspace (set once its size is known)."""
     args = _abi.BackwardArgs()
     b, sq, hq, d = q.shape
     _pack_backward(args, 0, DTYPES[q.dtype], b, sq, k.shape[1], hq, k.shape[2], d, *_ref(q), *_ref(k), *_ref(v),
                    *_ref(out), *_ref(dout), lse.data_ptr(), *_ref(dq), *_ref(dk), *_ref(dv), softmax_scale, causal,
-                   *window, 0 if sinks is None else sinks.data_ptr(), 0 if dsinks is None else dsinks.data_ptr(),
+                   *mask, 0 if sinks is None else sinks.data_ptr(), 0 if dsinks is None else dsinks.data_ptr(),
                    deterministic, 0)
     return args
 
@@ -184,7 +186,7 @@ def quantize_args(q, k, v, outs, granularity, hadamard, seed):
 
 
 @_on_tensor_device
-def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks=None, window=_NO_WINDOW):
+def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks=None, mask=_NO_MASK):
     """(out, lse) on the tensors' device and current stream; lse None
     without with_lse (the kernel then writes none)."""
     lib = _abi.load()
@@ -193,7 +195,7 @@ def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks=
     out, lse = _forward_outputs(q, out_dtype, with_lse)
     index = q.get_device()
     counter = _tile_counter(index)
-    _run(lib.forward, forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sinks, window),
+    _run(lib.forward, forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sinks, mask),
          _raw_stream(index), "forward")
     return out, lse
 
@@ -201,23 +203,23 @@ def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks=
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_scale: Optional[Tensor], k_scale: Optional[Tensor],
                   v_scale: Optional[Tensor], softmax_scale: float, causal: bool, deterministic: bool,
                   out_dtype: torch.dtype, sinks: Optional[Tensor] = None, window_left: int = -1,
-                  window_right: int = -1) -> Tuple[Tensor, Tensor]:
+                  window_right: int = -1, softcap: float = 0.0) -> Tuple[Tensor, Tensor]:
     # `deterministic` is the backward's mode: an input here so that autograd
     # (setup_context) sees it; the forward is deterministic anyway.
     return _forward(q, k, v, (q_scale, k_scale, v_scale), softmax_scale, causal, out_dtype, True, sinks,
-                    (window_left, window_right))
+                    (window_left, window_right, softcap))
 
 
 @_on_tensor_device
 def _backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
                    causal: bool, deterministic: bool, sinks: Optional[Tensor] = None, window_left: int = -1,
-                   window_right: int = -1) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                   window_right: int = -1, softcap: float = 0.0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     lib = _abi.load()
     q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
     dout, out = _kernel_readable(dout), _head_dim_contiguous(out)
     dq, dk, dv, dsinks = _backward_outputs(q, k, v, sinks)
     args = backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, sinks,
-                         None if sinks is None else dsinks, (window_left, window_right))
+                         None if sinks is None else dsinks, (window_left, window_right, softcap))
     size = ctypes.c_size_t()
     buf = _abi.message_buffer()
     _abi.raise_for_status(lib.backward_workspace_size(_byref(args), _byref(size), buf, _abi.MESSAGE_BYTES), buf,
@@ -249,13 +251,13 @@ quantize_fp8 = torch.library.custom_op("flash3::quantize_fp8", _quantize_impl, m
 
 @fwd.register_fake
 def _forward_fake(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype, sinks=None,
-                  window_left=-1, window_right=-1):
+                  window_left=-1, window_right=-1, softcap=0.0):
     return _forward_outputs(q, out_dtype)
 
 
 @bwd.register_fake
 def _backward_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, sinks=None, window_left=-1,
-                   window_right=-1):
+                   window_right=-1, softcap=0.0):
     return _backward_outputs(q, k, v, sinks)
 
 
@@ -264,9 +266,9 @@ def _quantize_fake(q, k, v, granularity, hadamard, seed):
     return _quantize_outputs(q, k, v, granularity)
 
 
-def _save(ctx, q, k, v, out, lse, sinks, softmax_scale, causal, deterministic, window, lse_is_output=True):
+def _save(ctx, q, k, v, out, lse, sinks, softmax_scale, causal, deterministic, mask, lse_is_output=True):
     ctx.save_for_backward(q, k, v, out, lse, sinks)
-    ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.window = softmax_scale, causal, deterministic, window
+    ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.mask = softmax_scale, causal, deterministic, mask
     if lse_is_output:
         # The backward kernel gives no gradient through the LSE: using it in
         # a loss raises instead of silently dropping that term.
@@ -280,18 +282,18 @@ def _gradients(ctx, dout, backward):
         raise NotImplementedError("flash3: the backward pass takes bfloat16 or float16 inputs; the FP8 "
                                   "(float8_e4m3fn) path is forward only")
     dq, dk, dv, dsinks = backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic, sinks,
-                                  *ctx.window)
+                                  *ctx.mask)
     return dq, dk, dv, None if sinks is None else dsinks
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, _, _, _, softmax_scale, causal, deterministic, _, sinks, window_left, window_right = inputs
-    _save(ctx, q, k, v, output[0], output[1], sinks, softmax_scale, causal, deterministic, (window_left, window_right))
+    q, k, v, _, _, _, softmax_scale, causal, deterministic, _, sinks, *mask = inputs
+    _save(ctx, q, k, v, output[0], output[1], sinks, softmax_scale, causal, deterministic, tuple(mask))
 
 
 def _fwd_backward(ctx, dout, dlse):
     dq, dk, dv, dsinks = _gradients(ctx, dout, bwd)
-    return (dq, dk, dv) + (None,) * 7 + (dsinks, None, None)
+    return (dq, dk, dv) + (None,) * 7 + (dsinks, None, None, None)
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -307,9 +309,9 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, rest):
-        scales, softmax_scale, causal, deterministic, out_dtype, with_lse, window = rest
-        out, lse = _forward(q, k, v, scales, softmax_scale, causal, out_dtype, True, sinks, window)
-        _save(ctx, q, k, v, out, lse, sinks, softmax_scale, causal, deterministic, window, lse_is_output=with_lse)
+        scales, softmax_scale, causal, deterministic, out_dtype, with_lse, mask = rest
+        out, lse = _forward(q, k, v, scales, softmax_scale, causal, out_dtype, True, sinks, mask)
+        _save(ctx, q, k, v, out, lse, sinks, softmax_scale, causal, deterministic, mask, lse_is_output=with_lse)
         return (out, lse) if with_lse else out
 
     @staticmethod
@@ -334,7 +336,7 @@ def _eager(q, k, v):
 
 
 def attention(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype, with_lse=True,
-              sinks=None, window=_NO_WINDOW):
+              sinks=None, mask=_NO_MASK):
     """(out, lse) of checked arguments, differentiable in q, k, v and sinks.
     Without with_lse the LSE may be left out (None) where nothing else needs
     it: an eager call without gradients, the common inference call,
@@ -345,10 +347,10 @@ def attention(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, determi
                                         or (sinks is not None and sinks.requires_grad)):
             result = _eager_apply(_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v),
                                   None if sinks is None else _unwrap_if_dead(sinks),
-                                  (scales, softmax_scale, causal, deterministic, out_dtype, with_lse, window))
+                                  (scales, softmax_scale, causal, deterministic, out_dtype, with_lse, mask))
             return result if with_lse else (result, None)
-        return _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks, window)
-    return fwd(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype, sinks, *window)
+        return _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks, mask)
+    return fwd(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype, sinks, *mask)
 
 
 def quantize(q, k, v, granularity, hadamard, seed):

@@ -185,13 +185,23 @@ def _checked_window(window_size, causal):
     return left, 0 if causal else right
 
 
+def _checked_softcap(softcap):
+    """softcap as a float: 0 (off) or finite and positive."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not (
+            math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap: must be a finite number >= 0 (0 is off), got {softcap!r}")
+    return float(softcap)
+
+
 def _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic, return_attn_probs,
-            out_dtype, sinks, window_size):
+            out_dtype, sinks, window_size, softcap):
     """flash_attn_func and flash_attn_qkvpacked_func past their own arguments."""
     _check_qkv(q, k, v, _ops.DTYPES)
     sinks = _checked_sinks(sinks, q)
-    window = (_NO_WINDOW if type(window_size) is tuple and window_size == _NO_WINDOW
-              else _checked_window(window_size, causal))
+    if type(window_size) is tuple and window_size == _NO_WINDOW and type(softcap) is float and softcap == 0.0:
+        mask = _ops._NO_MASK
+    else:
+        mask = (*_checked_window(window_size, causal), _checked_softcap(softcap))
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     else:
@@ -220,7 +230,7 @@ def _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, det
         out_dtype = q.dtype
         scales = (None, None, None)
     out, lse = _ops.attention(q, k, v, *scales, softmax_scale, bool(causal), bool(deterministic), out_dtype,
-                              bool(return_attn_probs), sinks, window)
+                              bool(return_attn_probs), sinks, mask)
     return (out, lse) if return_attn_probs else out
 
 
@@ -254,17 +264,20 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     query i seeing key j only if i + g - left <= j <= i + g + right (g =
     seqlen_k - seqlen_q), -1 for an unbounded side; causal makes right 0.
 
-    qv, attention_chunk, softcap, num_splits, pack_gqa and sm_margin are
+    softcap > 0 caps the scaled scores s (Gemma 2): softcap * tanh(s /
+    softcap) before the mask and the softmax; 0 is off. The LSE is that of
+    the capped scores.
+
+    qv, attention_chunk, num_splits, pack_gqa and sm_margin are
     FlashAttention-3's; any value but the default raises
     NotImplementedError. out_dtype and sinks are flash3's own.
     """
     if not (qv is None and pack_gqa is None and type(attention_chunk) is int and attention_chunk == 0
-            and type(softcap) is float and softcap == 0.0 and type(num_splits) is int and num_splits == 1
-            and type(sm_margin) is int and sm_margin == 0):
-        _not_supported(qv=(qv, None), attention_chunk=(attention_chunk, 0), softcap=(softcap, 0.0),
-                       num_splits=(num_splits, 1), pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
+            and type(num_splits) is int and num_splits == 1 and type(sm_margin) is int and sm_margin == 0):
+        _not_supported(qv=(qv, None), attention_chunk=(attention_chunk, 0), num_splits=(num_splits, 1),
+                       pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
     return _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic,
-                   return_attn_probs, out_dtype, sinks, window_size)
+                   return_attn_probs, out_dtype, sinks, window_size, softcap)
 
 
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None,
@@ -273,9 +286,9 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
     """flash_attn_func on one packed tensor, read in place (no copy):
     qkv [batch, seqlen, 3, heads, head_dim], or [batch, seqlen, heads_q + 2 *
     heads_kv, head_dim] with num_heads_q (GQA/MQA), Q's heads first, then K's,
-    then V's. Its gradient is one tensor of qkv's shape. sinks as in
-    flash_attn_func."""
-    _not_supported(attention_chunk=(attention_chunk, 0), softcap=(softcap, 0.0), sm_margin=(sm_margin, 0))
+    then V's. Its gradient is one tensor of qkv's shape. window_size, softcap
+    and sinks as in flash_attn_func."""
+    _not_supported(attention_chunk=(attention_chunk, 0), sm_margin=(sm_margin, 0))
     if not isinstance(qkv, torch.Tensor):
         raise ValueError(f"qkv: must be a torch.Tensor, got {type(qkv).__name__}")
     if qkv.dim() == 5:
@@ -296,7 +309,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
         raise ValueError(f"qkv: must have 5 dims [batch, seqlen, 3, heads, head_dim] or 4 with num_heads_q, "
                          f"got shape {tuple(qkv.shape)}")
     return _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic,
-                   return_attn_probs, out_dtype, sinks, window_size)
+                   return_attn_probs, out_dtype, sinks, window_size, softcap)
 
 
 def quantize_fp8(q, k, v, granularity="block", hadamard=False, seed=0):

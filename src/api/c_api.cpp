@@ -114,7 +114,8 @@ constexpr Field kForwardArgs[] = {
     FLASH3_NESTED(ForwardArgs, o, kTensorRef), FLASH3_FIELD(ForwardArgs, lse),
     FLASH3_FIELD(ForwardArgs, softmax_scale), FLASH3_FIELD(ForwardArgs, causal),
     FLASH3_FIELD(ForwardArgs, window_left),   FLASH3_FIELD(ForwardArgs, window_right),
-    FLASH3_FIELD(ForwardArgs, sinks),         FLASH3_NESTED(ForwardArgs, fp8, kFp8Scales), FLASH3_NESTED(ForwardArgs, options, kKernelOptions),
+    FLASH3_FIELD(ForwardArgs, softcap),       FLASH3_FIELD(ForwardArgs, sinks),
+           FLASH3_NESTED(ForwardArgs, fp8, kFp8Scales), FLASH3_NESTED(ForwardArgs, options, kKernelOptions),
     FLASH3_FIELD(ForwardArgs, tile_counter)};
 
 constexpr Field kBackwardArgs[] = {
@@ -128,7 +129,8 @@ constexpr Field kBackwardArgs[] = {
     FLASH3_NESTED(BackwardArgs, dk, kTensorRef), FLASH3_NESTED(BackwardArgs, dv, kTensorRef),
     FLASH3_FIELD(BackwardArgs, softmax_scale),   FLASH3_FIELD(BackwardArgs, causal),
     FLASH3_FIELD(BackwardArgs, window_left),     FLASH3_FIELD(BackwardArgs, window_right),
-    FLASH3_FIELD(BackwardArgs, sinks),           FLASH3_FIELD(BackwardArgs, dsinks),
+    FLASH3_FIELD(BackwardArgs, softcap),         FLASH3_FIELD(BackwardArgs, sinks),
+    FLASH3_FIELD(BackwardArgs, dsinks),
     FLASH3_FIELD(BackwardArgs, deterministic),   FLASH3_FIELD(BackwardArgs, workspace)};
 
 constexpr Field kQuantizeArgs[] = {

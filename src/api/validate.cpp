@@ -33,6 +33,9 @@ Status check_problem(Args const& a) {
   if (a.window_right < -1) {
     return invalid("window_right: must be -1 (unbounded) or >= 0, got " + std::to_string(a.window_right));
   }
+  if (!std::isfinite(a.softcap) || a.softcap < 0.f) {
+    return invalid("softcap: must be finite and not negative (0 is off), got " + std::to_string(a.softcap));
+  }
   if (a.causal && a.window_right > 0) {
     return invalid("window_right: the causal mask is window_right 0; got " + std::to_string(a.window_right) +
                    " with causal");

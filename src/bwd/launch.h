@@ -170,6 +170,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     mp.window_left = window.left;
     mp.window_right = window.right;
     mp.scale_log2 = scale * float(M_LOG2E);
+    mp.softcap = softcap_of(a.softcap, scale);
 
     auto& ep = params.epilogue;
     // MHA: TMA stores to dK, dV. GQA: fp32 per query head to the workspace

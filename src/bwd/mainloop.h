@@ -12,6 +12,7 @@
 #include "bwd/traits.h"
 #include "common/dependent_launch.h"
 #include "common/layout.h"
+#include "common/softcap.h"
 
 namespace flash3::bwd {
 
@@ -75,6 +76,7 @@ struct Mainloop {
     int window_left;   // the call's Window (the masked kernel's only)
     int window_right;
     float scale_log2;  // softmax_scale * log2(e)
+    Softcap softcap;   // common/softcap.h; off by default
 
     // The mask policy of the kernel's calls: the masked kernel (kCausal)
     // serves the causal mask and every window, from the call's bounds (read
@@ -423,14 +425,18 @@ struct Mainloop {
       // Line 9: P = exp(S - L), with the mask on the blocks that need it,
       // while dP's GEMM runs.
       warpgroup_wait<1>();
+      // Softcapping comes before the mask, whose -inf it would undo.
+      bool const softcap = p.softcap.on();
+      if (softcap) softcap_scores(tSrS, p.softcap.pre);
       if (last_partial || m_block < range.m_block_mask || m_block >= masked_from) {
         MaskT::apply(p.mask_policy(), tSrS, coords, m_block, n_block);
       }
       float const* lse_log2 = smem.lse_log2.data() + stage_q * kBlockM;
       float const* dpsum = smem.dpsum.data() + stage_q * kBlockM;
+      float const scale_log2 = softcap ? p.softcap.scale_log2 : p.scale_log2;
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
-        tSrS(i) = exp2f(fmaf(tSrS(i), p.scale_log2, -lse_log2[get<1>(coords(i))]));
+        tSrS(i) = exp2f(fmaf(tSrS(i), scale_log2, -lse_log2[get<1>(coords(i))]));
       }
 
       // Line 12: dV += P^T dO_i.
@@ -439,11 +445,20 @@ struct Mainloop {
       keys_gemm</*kZeroInit=*/false>(tiled_mma_dkv, dkv_operand(rP, sPt), tdVrdO(_, _, _, stage_do), tdVrdV);
 
       // Line 11: dS = P o (dP - D), while dV's GEMM runs.
+      // Softcapping's slope 1 - t^2 joins it, t recovered from P (whose
+      // registers replaced it): log2(P) = t * softcap * log2(e) - LSE's log2.
       warpgroup_wait<1>();
-      CUTE_UNROLL
-      for (int i = 0; i < size(tdPrdP); ++i) {
-        float const p_i = Traits::kdSFromRoundedP ? float(rP(i)) : tSrS(i);
-        tdPrdP(i) = p_i * (tdPrdP(i) - dpsum[get<1>(coords(i))]);
+      auto p_at = [&](int i) { return Traits::kdSFromRoundedP ? float(rP(i)) : tSrS(i); };
+      if (softcap) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tdPrdP); ++i) {
+          int const row = get<1>(coords(i));
+          float const t = (__log2f(p_at(i)) + lse_log2[row]) * p.softcap.t_per_log2;
+          tdPrdP(i) = p_at(i) * (tdPrdP(i) - dpsum[row]) * softcap_slope(t);
+        }
+      } else {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tdPrdP); ++i) tdPrdP(i) = p_at(i) * (tdPrdP(i) - dpsum[get<1>(coords(i))]);
       }
 
       // dS^T (dS) to shared memory for the dQ GEMM, which needs all keys.

@@ -12,6 +12,7 @@
 #include "common/dynamic_smem.h"
 #include "common/gmem_tensor.h"
 #include "common/scale_view.h"
+#include "common/softcap.h"
 #include "common/tile_scheduler.h"
 #include "flash3/flash3.h"
 #include "fwd/kernel.h"
@@ -47,7 +48,7 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
       gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch), gmem_tensor<Traits>(a.k, a.seqlen_k, a.heads_kv, a.batch),
       gmem_tensor<Traits>(a.v, a.seqlen_k, a.heads_kv, a.batch), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
       int(a.seqlen_k), row_offset, window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k), scale,
-      q_scale, k_scale, v_scale);
+      softcap_of(a.softcap, scale), q_scale, k_scale, v_scale);
   params.epilogue = Epilogue<Traits>::make_params(
       gmem_tensor<Traits, void*, typename Traits::ElementO>(a.o, a.seqlen_q, a.heads_q, a.batch), a.lse, a.sinks,
       int(a.seqlen_q), int(a.heads_q), row_offset);

@@ -9,6 +9,7 @@
 
 #include "common/layout.h"
 #include "common/scale_view.h"
+#include "common/softcap.h"
 #include "common/tile_order.h"
 #include "fwd/block_range.h"
 #include "fwd/descale.h"
@@ -85,6 +86,7 @@ struct Mainloop {
     int window_left;   // the call's Window (the masked kernel's only)
     int window_right;
     float scale_log2;  // softmax_scale * log2(e)
+    Softcap softcap;   // common/softcap.h; off by default
     // FP8's descale factors, per (batch, head, block) of Q (block M) and of
     // K and V (block N).
     ScaleView q_scale;
@@ -102,7 +104,7 @@ struct Mainloop {
 
   static Params make_params(GmemTensor const& q, GmemTensor const& k, GmemTensor const& v, int head_group,
                             int seqlen_q, int seqlen_k, int row_offset, Window window, float softmax_scale,
-                            ScaleView q_scale = {}, ScaleView k_scale = {}, ScaleView v_scale = {}) {
+                            Softcap softcap, ScaleView q_scale = {}, ScaleView k_scale = {}, ScaleView v_scale = {}) {
     return {make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(SmemLayoutQ{}), select<0, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(SmemLayoutV{}), select<1, 2>(TileShapeQK{}), _1{}),
@@ -115,6 +117,7 @@ struct Mainloop {
             window.left,
             window.right,
             softmax_scale * float(M_LOG2E),
+            softcap,
             q_scale,
             k_scale,
             v_scale};
@@ -366,6 +369,12 @@ struct Mainloop {
     auto release_k = [&]() { pipeline_k.consumer_release(read_k); ++read_k; };
     auto release_v = [&]() { pipeline_v.consumer_release(read_v); ++read_v; };
     auto softmax_step = [&](auto& acc_s, int n_block, auto needs_mask, BlockDescale block) {
+      // Softcapping comes before the mask, whose -inf it would undo.
+      float scale_log2 = p.scale_log2 * block.qk;
+      if (p.softcap.on()) {
+        softcap_scores(acc_s, p.softcap.pre * block.qk);
+        scale_log2 = p.softcap.scale_log2;
+      }
       // With three consumer warpgroups (160 registers) the mask's coordinates
       // come from a fresh thread index: hoisted out of the loop, they spilled
       // in head dim 64's causal kernel. With two they stay hoisted (10-25
@@ -374,7 +383,7 @@ struct Mainloop {
         MaskT::apply(p.mask_policy(), p.row_offset, acc_s, tile.m_block, n_block,
                      Traits::kNumConsumerWarpGroups == 3 ? Traits::consumer_thread_idx() : thread_idx);
       }
-      max_moved = softmax.step(acc_s, o_scale, p.scale_log2 * block.qk);
+      max_moved = softmax.step(acc_s, o_scale, scale_log2);
     };
     auto to_operand = [&](auto const& acc_s) { tOrP = operand_p(acc_s); };
 

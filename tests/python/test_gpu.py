@@ -2,7 +2,7 @@
 skips, saying why, elsewhere ("no CUDA device", "libflash3_c not built ...").
 
 Accuracy follows the C++ tests' rule (tests/gpu_test_util.h): against a
-float64 reference (PyTorch's math SDPA), flash3's max error is at most twice
+float64 reference (written out in PyTorch), flash3's max error is at most twice
 that of a straightforward implementation in the same precision, plus a small
 epsilon; the LSE within 1e-3 relative. FP8 is compared with the attention of
 its dequantized inputs.
@@ -14,8 +14,6 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (flash3's Python package needs it)")
 
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import flash3  # noqa: E402
 from flash3 import _abi, _ops, interface  # noqa: E402
@@ -56,33 +54,36 @@ def _with_sinks(scores, sinks):
     return torch.cat([scores, sinks.to(scores.dtype)[None, :, None, None].expand(b, h, sq, 1)], -1)
 
 
-def reference(q, k, v, causal, scale, sinks=None, window=(-1, -1)):
-    """(out, lse) in float64 by PyTorch's math SDPA, differentiable. A row that
-    sees no key gives zeros (gradient zero) and an LSE of +inf, as flash3.
-    With sinks, each head's sink joins the softmax as a column without a
-    value (a row that sees no key then has its sink as LSE)."""
+def _capped(scores, softcap):
+    """Softcapping: softcap * tanh(scores / softcap); 0 is off."""
+    return softcap * torch.tanh(scores / softcap) if softcap else scores
+
+
+def reference(q, k, v, causal, scale, sinks=None, window=(-1, -1), softcap=0.0):
+    """(out, lse) in float64, differentiable. A row that sees no key gives
+    zeros (gradient zero) and an LSE of +inf, as flash3. With sinks, each
+    head's sink joins the softmax as a column without a value (a row that
+    sees no key then has its sink as LSE)."""
     qt, kt, vt = _heads_first(q.double(), k.double(), v.double())
     mask = visible(q.shape[1], k.shape[1], causal, q.device, window)
+    scores = _capped((qt @ kt.transpose(-1, -2)) * scale, softcap)
     if sinks is not None:
-        scores = _with_sinks(((qt @ kt.transpose(-1, -2)) * scale).masked_fill(~mask, -math.inf), sinks.double())
+        scores = _with_sinks(scores.masked_fill(~mask, -math.inf), sinks.double())
         lse = scores.logsumexp(-1)
         return (torch.exp(scores - lse[..., None])[..., :-1] @ vt).transpose(1, 2), lse
     empty = ~mask.any(-1)
     # An all-masked row would be NaN: it sees every key here, then is zeroed.
-    with sdpa_kernel(SDPBackend.MATH):
-        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask | empty[:, None], scale=scale)
-    out = out.masked_fill(empty[:, None], 0)
-    scores = (qt @ kt.transpose(-1, -2)) * scale
-    lse = scores.masked_fill(~mask, -math.inf).logsumexp(-1).masked_fill(empty, math.inf)
-    return out.transpose(1, 2), lse
+    scores = scores.masked_fill(~(mask | empty[:, None]), -math.inf)
+    out = (torch.softmax(scores, -1) @ vt).masked_fill(empty[:, None], 0)
+    return out.transpose(1, 2), scores.logsumexp(-1).masked_fill(empty, math.inf)
 
 
-def straightforward(q, k, v, causal, scale, sinks=None, window=(-1, -1)):
-    """The attention as a plain implementation in q's dtype computes it (S and
-    P rounded to the dtype, the softmax in float32): the yardstick of the
-    tolerance. Differentiable."""
+def straightforward(q, k, v, causal, scale, sinks=None, window=(-1, -1), softcap=0.0):
+    """The attention as a plain implementation in q's dtype computes it (S,
+    the capped S and P rounded to the dtype, the softmax in float32): the
+    yardstick of the tolerance. Differentiable."""
     qt, kt, vt = _heads_first(q, k, v)
-    s = ((qt @ kt.transpose(-1, -2)) * scale).float()
+    s = _capped((qt @ kt.transpose(-1, -2)) * scale, softcap).float()
     s = s.masked_fill(~visible(q.shape[1], k.shape[1], causal, q.device, window), -math.inf)
     if sinks is not None:
         s = _with_sinks(s, sinks)
@@ -162,17 +163,17 @@ def run_case(dtype, causal, c):
     # Sinks around the scores' own size, some above every score of a row.
     sinks = (2 * torch.randn(hq, device="cuda")).requires_grad_() if c.get("sinks") else None
     inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
-    window = c.get("window", (-1, -1))
+    window, softcap = c.get("window", (-1, -1)), c.get("softcap", 0.0)
     out, lse = flash3.flash_attn_func(q, k, v, softmax_scale=c["scale"], causal=causal, return_attn_probs=True,
-                                      sinks=sinks, window_size=window)
+                                      sinks=sinks, window_size=window, softcap=softcap)
     dout = make((b, sq, hq, d), dtype, c["layouts"][3]).detach()
     grads = torch.autograd.grad(out, inputs, dout)
 
     refs = [t.detach().double().requires_grad_() for t in inputs]
-    ref_out, ref_lse = reference(*refs[:3], causal, scale, *refs[3:], window=window)
+    ref_out, ref_lse = reference(*refs[:3], causal, scale, *refs[3:], window=window, softcap=softcap)
     ref_grads = torch.autograd.grad(ref_out, refs, dout.double())
     lows = [t.detach().clone().requires_grad_() for t in inputs]
-    low_out = straightforward(*lows[:3], causal, scale, *lows[3:], window=window)
+    low_out = straightforward(*lows[:3], causal, scale, *lows[3:], window=window, softcap=softcap)
     low_grads = torch.autograd.grad(low_out, lows, dout)
 
     assert out.dtype == dtype and out.shape == q.shape
@@ -269,6 +270,20 @@ def test_windows_against_float64(gpu, head_dim, causal):
         for window in ((0, 0), (rng.randint(1, 200), rng.choice([-1, 0, rng.randint(1, 100)])),
                        (-1, rng.randint(0, 300))):
             run_case(dtype, causal, dict(random_case(rng, head_dim), window=window, sinks=rng.random() < 0.3))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
+def test_softcap_against_float64(gpu, head_dim, causal):
+    # Caps that bend the scores (scale 2/sqrt(d): scores of a few units) and
+    # that barely do, with windows, sinks and rows that see no key.
+    rng = random.Random(f"flash3 softcap {head_dim} {causal}")
+    torch.manual_seed(rng.randrange(2 ** 31))
+    for dtype in (BF16, FP16):
+        for softcap in (1.0, rng.uniform(2.0, 10.0), 50.0):
+            window = rng.choice([(-1, -1), (rng.randint(0, 200), rng.choice([-1, rng.randint(0, 100)]))])
+            run_case(dtype, causal, dict(random_case(rng, head_dim), scale=2 / math.sqrt(head_dim), softcap=softcap,
+                                         window=window, sinks=rng.random() < 0.3))
 
 
 def test_sinks_of_rows_that_see_no_key(gpu):
