@@ -115,10 +115,13 @@ if has sanitize; then
   # Sliding windows: both edges masked, key blocks outside skipped, both passes.
   window="--pass fwd+bwd --seqlen 300 --tokens 600 --hidden 512 --hdim 64,128,256 --window 70,10 --causal 0 --reps 1"
   window_causal="--pass fwd+bwd --seqlen 300 --tokens 600 --hidden 512 --hdim 64,128,256 --window 100,0 --causal 1 --reps 1"
+  # Softcapping: its tanh in both passes, and the backward's slopes (kept at
+  # head dim 128, recovered from P at 64).
+  softcap="--pass fwd+bwd --seqlen 300 --tokens 600 --hidden 512 --hdim 64,128,256 --softcap 1.5 --reps 1"
   # The ablation variant without warp specialization: several tiles per CTA.
   nows="--no-ws --seqlen 512 --tokens 8192 --hidden 512 --hdim 128 --reps 1 --no-check"
   for tool in memcheck racecheck synccheck; do
-    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$bwd_split" "$bwd_split2" "$fp8" "$fp8_head" "$sinks" "$window" "$window_causal" "$nows"; do
+    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$bwd_split" "$bwd_split2" "$fp8" "$fp8_head" "$sinks" "$window" "$window_causal" "$softcap" "$nows"; do
       [ $tool = racecheck ] && [ "$args" = "$fp8_head" ] && args=$fp8_head_race
       timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/flash3-bench $args >>"$OUT/sanitize.log" 2>&1
       summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")

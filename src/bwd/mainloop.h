@@ -425,9 +425,14 @@ struct Mainloop {
       // Line 9: P = exp(S - L), with the mask on the blocks that need it,
       // while dP's GEMM runs.
       warpgroup_wait<1>();
-      // Softcapping comes before the mask, whose -inf it would undo.
+      // Softcapping comes before the mask, whose -inf it would undo; its
+      // slope 1 - t^2 is for dS (common/softcap.h).
       bool const softcap = p.softcap.on();
-      if (softcap) softcap_scores(tSrS, p.softcap.pre);
+      SoftcapSlopes<decltype(size(tSrS))::value, Traits::kSoftcapSlopesKept> slopes;
+      if (softcap) {
+        softcap_scores(tSrS, p.softcap.pre);
+        slopes.keep(tSrS);
+      }
       if (last_partial || m_block < range.m_block_mask || m_block >= masked_from) {
         MaskT::apply(p.mask_policy(), tSrS, coords, m_block, n_block);
       }
@@ -445,16 +450,14 @@ struct Mainloop {
       keys_gemm</*kZeroInit=*/false>(tiled_mma_dkv, dkv_operand(rP, sPt), tdVrdO(_, _, _, stage_do), tdVrdV);
 
       // Line 11: dS = P o (dP - D), while dV's GEMM runs.
-      // Softcapping's slope 1 - t^2 joins it, t recovered from P (whose
-      // registers replaced it): log2(P) = t * softcap * log2(e) - LSE's log2.
+      // With softcapping times its slope.
       warpgroup_wait<1>();
       auto p_at = [&](int i) { return Traits::kdSFromRoundedP ? float(rP(i)) : tSrS(i); };
       if (softcap) {
         CUTE_UNROLL
         for (int i = 0; i < size(tdPrdP); ++i) {
           int const row = get<1>(coords(i));
-          float const t = (__log2f(p_at(i)) + lse_log2[row]) * p.softcap.t_per_log2;
-          tdPrdP(i) = p_at(i) * (tdPrdP(i) - dpsum[row]) * softcap_slope(t);
+          tdPrdP(i) = p_at(i) * (tdPrdP(i) - dpsum[row]) * slopes(i, p_at(i), lse_log2[row], p.softcap);
         }
       } else {
         CUTE_UNROLL
