@@ -100,6 +100,58 @@ inline std::vector<RandomShape> random_shapes(uint32_t seed, int count, int max_
   return shapes;
 }
 
+// A shape with the mask policy's options, as both passes' tests take them.
+struct OptionCase {
+  DType dtype;
+  int head_dim;
+  bool causal;
+  int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  bool sinks = false;
+};
+
+// Sliding windows (Forward.Windows, Backward.Windows): bounds of 0, inside a
+// block, across blocks, one side only, wider than the sequence; with causal;
+// unequal lengths (rows that see no key); every head dim and dtype, GQA.
+inline std::vector<OptionCase> window_cases() {
+  struct W {
+    int left, right;
+    bool causal;
+  };
+  W const windows[] = {{0, 0, false}, {17, 3, false}, {100, -1, false}, {-1, 50, false}, {300, 0, false},
+                       {128, -1, true}, {5000, 5000, false}};
+  std::vector<OptionCase> cases;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (int d : {64, 96, 128, 192, 256}) {
+      for (W const w : windows) {
+        for (auto const [sq, sk] : {std::pair{700, 700}, std::pair{300, 900}, std::pair{900, 200}}) {
+          cases.push_back({dtype, d, w.causal, 2, sq, sk, 4, 2, w.left, w.right});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+// Softcapping (Forward.Softcap, Backward.Softcap): caps that bend the scores
+// (1.5, with scores of a few units) and that barely do (30), every head dim
+// and dtype, both masks, GQA; then with a window, and with sinks and rows
+// that see no key.
+inline std::vector<OptionCase> softcap_cases() {
+  std::vector<OptionCase> cases;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (int d : {64, 96, 128, 192, 256}) {
+      for (float softcap : {1.5f, 30.f}) {
+        for (bool causal : {false, true}) cases.push_back({dtype, d, causal, 2, 300, 300, 4, 2, -1, -1, softcap});
+      }
+    }
+  }
+  cases.push_back({DType::kBF16, 128, false, 2, 700, 700, 4, 2, 100, 20, 1.5f});
+  cases.push_back({DType::kBF16, 128, true, 1, 500, 100, 8, 1, -1, -1, 1.5f, true});
+  return cases;
+}
+
 template <class T>
 struct DeviceBuffer {
   T* ptr = nullptr;

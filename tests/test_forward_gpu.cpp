@@ -57,6 +57,16 @@ std::string name(Case const& c) {
          (c.softcap != 0.f ? " softcap " + std::to_string(c.softcap) : "");
 }
 
+// A case of the options' lists (gpu_test_util.h).
+Case with_options(flash3::testing::OptionCase const& o) {
+  Case c{o.dtype, o.head_dim, o.causal, o.batch, o.seqlen_q, o.seqlen_k, o.heads_q, o.heads_kv, false};
+  c.window_left = o.window_left;
+  c.window_right = o.window_right;
+  c.softcap = o.softcap;
+  c.sinks = o.sinks;
+  return c;
+}
+
 void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) {
   SCOPED_TRACE(name(c));
   int64_t const d = c.head_dim;
@@ -439,59 +449,23 @@ TEST(Forward, Sinks) {
   run_case(empty_rows, seed++);
 }
 
-// Sliding windows: bounds of 0, inside a block, across blocks, one side
-// only, wider than the sequence; with causal; unequal lengths (rows that see
-// no key); every head dim and both dtypes, GQA.
+// Sliding windows (gpu_test_util.h's cases).
 TEST(Forward, Windows) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  struct W {
-    int left, right;
-    bool causal;
-  };
-  W const windows[] = {{0, 0, false}, {17, 3, false}, {100, -1, false}, {-1, 50, false}, {300, 0, false},
-                       {128, -1, true}, {5000, 5000, false}};
   uint32_t seed = 800;
-  for (DType dtype : {DType::kBF16, DType::kFP16}) {
-    for (int d : {64, 96, 128, 192, 256}) {
-      for (W const w : windows) {
-        for (auto const [sq, sk] : {std::pair{700, 700}, std::pair{300, 900}, std::pair{900, 200}}) {
-          Case c{dtype, d, w.causal, 2, sq, sk, 4, 2, false};
-          c.window_left = w.left;
-          c.window_right = w.right;
-          run_case(c, seed++);
-        }
-      }
-    }
-  }
+  for (flash3::testing::OptionCase const& o : flash3::testing::window_cases()) run_case(with_options(o), seed++);
 }
 
-// Softcapping: caps that bend the scores (1.5, with scores of a few units)
-// and that barely do (30), every head dim and dtype, GQA, with the causal
-// mask, a window and sinks, and rows that see no key.
+// Softcapping (gpu_test_util.h's cases), with K's rows growing toward the first keys so
+// that scores of a few units meet the cap.
 TEST(Forward, Softcap) {
   SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 900;
-  for (DType dtype : {DType::kBF16, DType::kFP16}) {
-    for (int d : {64, 96, 128, 192, 256}) {
-      for (float softcap : {1.5f, 30.f}) {
-        for (bool causal : {false, true}) {
-          Case c{dtype, d, causal, 2, 300, 300, 4, 2, false};
-          c.softcap = softcap;
-          c.k_growth = 2.f;
-          run_case(c, seed++);
-        }
-      }
-    }
+  for (flash3::testing::OptionCase const& o : flash3::testing::softcap_cases()) {
+    Case c = with_options(o);
+    c.k_growth = 2.f;
+    run_case(c, seed++);
   }
-  Case window{DType::kBF16, 128, false, 2, 700, 700, 4, 2, false};
-  window.softcap = 1.5f;
-  window.window_left = 100;
-  window.window_right = 20;
-  run_case(window, seed++);
-  Case sinks{DType::kBF16, 128, true, 1, 500, 100, 8, 1, false};
-  sinks.softcap = 1.5f;
-  sinks.sinks = true;
-  run_case(sinks, seed++);
 }
 
 TEST(Forward, TilesWhoseRowsSeeNoKey) {
