@@ -132,6 +132,10 @@ void expect_invalid_fp8(std::function<void(ForwardArgs&)> const& edit, std::stri
 
 TEST(Validation, Fp8) {
   EXPECT_TRUE(flash3::validate(valid_fp8_args()).ok());
+  // Softcapping is bf16's and fp16's.
+  ForwardArgs capped = valid_fp8_args();
+  capped.softcap = 30.f;
+  EXPECT_EQ(flash3::validate(capped).code(), flash3::Status::Code::kUnsupported);
   for (int d : {64, 256}) {
     ForwardArgs a = valid_fp8_args();
     set_head_dim(a, d);

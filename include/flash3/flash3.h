@@ -146,7 +146,8 @@ struct ForwardArgs {
 
   // Softcapping (Gemma 2): each scaled score s becomes softcap * tanh(s /
   // softcap) before the mask and the softmax. 0 is off; otherwise finite and
-  // positive. The LSE is that of the capped scores.
+  // positive. The LSE is that of the capped scores. bf16 and fp16 (kE4M3:
+  // kUnsupported).
   float softcap = 0.0f;
 
   // Optional float32 [heads_q]: attention sinks (as in gpt-oss), a logit per

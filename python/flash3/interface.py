@@ -220,6 +220,8 @@ def _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, det
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             raise NotImplementedError("q: FP8 (float8_e4m3fn) attention has no backward pass in flash3: "
                                       "call it on tensors that do not require grad, or under torch.no_grad()")
+        if mask[2] != 0.0:
+            raise NotImplementedError("softcap: the FP8 (float8_e4m3fn) forward has no softcapping in flash3")
         scales = _fp8_scales(q, k, q_descale, k_descale, v_descale)
     else:
         for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):

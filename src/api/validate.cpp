@@ -73,6 +73,7 @@ Status validate(ForwardArgs const& a) {
   if (Status s = check_problem(a); !s.ok()) return s;
   if (fp8) {
     if (Status s = check_fp8(a); !s.ok()) return s;
+    if (a.softcap != 0.f) return Status(Status::Code::kUnsupported, "softcap: the FP8 (kE4M3) forward has none");
   }
   // kUnsupported, as forward() would answer: the options are well formed, their kernel is not built.
   if (!fwd::variant_built(a.dtype, int(a.head_dim), a.options, a.fp8.out_dtype)) {

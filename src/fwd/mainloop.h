@@ -369,9 +369,10 @@ struct Mainloop {
     auto release_k = [&]() { pipeline_k.consumer_release(read_k); ++read_k; };
     auto release_v = [&]() { pipeline_v.consumer_release(read_v); ++read_v; };
     auto softmax_step = [&](auto& acc_s, int n_block, auto needs_mask, BlockDescale block) {
-      // Softcapping comes before the mask, whose -inf it would undo.
+      // Softcapping comes before the mask, whose -inf it would undo (bf16
+      // and fp16: the FP8 kernels, short of registers, have none).
       float scale_log2 = p.scale_log2 * block.qk;
-      if (p.softcap.on()) {
+      if (!Traits::kFp8 && p.softcap.on()) {
         softcap_scores(acc_s, p.softcap.pre * block.qk);
         scale_log2 = p.softcap.scale_log2;
       }

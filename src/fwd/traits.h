@@ -30,10 +30,10 @@ struct FwdTraits {
   static constexpr bool kCausal = kVariant.causal;  // the masked kernel (fwd/variants.h)
   static constexpr bool kWindow = kVariant.window;
   static constexpr bool kPingpong = kVariant.pingpong;
-  // The window kernels at head dim 256 and in FP8 run Algorithm 1's
+  // The window kernels from head dim 192 and in FP8 run Algorithm 1's
   // iteration: with the overlap's S_next and P both live they spill.
   static constexpr bool kIntraWGOverlap =
-      kVariant.intra_warpgroup_overlap && !(kVariant.window && (sizeof(Element) == 1 || kHeadDim_ == 256));
+      kVariant.intra_warpgroup_overlap && !(kVariant.window && (sizeof(Element) == 1 || kHeadDim_ >= 192));
   // Algorithm 1's producer warpgroup. Switched off (the ablation), the
   // consumers issue the TMA loads themselves, between their GEMMs.
   static constexpr bool kWarpSpecialized = kVariant.warp_specialization;

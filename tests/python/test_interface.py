@@ -75,6 +75,7 @@ def _bad_calls():
         ("softcap inf", lambda: f(q, k, v, softcap=float("inf")), ValueError, "softcap: must be a finite number"),
         ("softcap type", lambda: f(q, k, v, softcap="30"), ValueError, "softcap: must be a finite number"),
         ("softcap bool", lambda: f(q, k, v, softcap=True), ValueError, "softcap: must be a finite number"),
+        ("softcap fp8", lambda: f(q8, k8, v8, softcap=30.0), NotImplementedError, "softcap: the FP8"),
         ("num_splits", lambda: f(q, k, v, num_splits=0), NotImplementedError, "num_splits"),
         ("pack_gqa", lambda: f(q, k, v, pack_gqa=True), NotImplementedError, "pack_gqa"),
         ("sm_margin", lambda: f(q, k, v, sm_margin=8), NotImplementedError, "sm_margin"),
