@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (flash3's 
 
 
 import flash3  # noqa: E402
-from flash3 import _abi, _ops, interface  # noqa: E402
+from flash3 import _abi, interface  # noqa: E402
 from transformer_block import Block  # noqa: E402
 
 BF16, FP16, E4M3 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
