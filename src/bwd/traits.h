@@ -85,8 +85,9 @@ struct BwdTraits {
   // spill-free; elsewhere the conversion back costs more than it frees.
   static constexpr bool kdSFromRoundedP = kBlockM > 64;
   // Softcapping's slopes kept in registers from S to dS (common/softcap.h)
-  // where they fit beside the rest: they spilled at M = 128.
-  static constexpr bool kSoftcapSlopesKept = kBlockM == 64;
+  // where they fit beside the rest (the SASS check): they spilled at M = 128,
+  // and in the unmasked kernels at M = 64.
+  static constexpr bool kSoftcapSlopesKept = kBlockM == 64 && kCausal;
   static constexpr int kNumConsumerWarpGroups = 2;
   // Shared memory (227 KB) holds two stages of Q_i, and of dO_i up to d = 192;
   // at d = 256 one stage of dO_i (dO_{i+1} loads once dV_i is done, while
