@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 #include <set>
 #include <string>
 #include <tuple>
@@ -13,6 +14,7 @@
 #include "common/mask.h"
 #include "common/registers.h"
 #include "common/tile_scheduler.h"
+#include "common/varlen_tiles.h"
 #include "bwd/tail_split.h"
 #include "bwd/workspace.h"
 #include "fwd/block_range.h"
@@ -570,6 +572,105 @@ TEST(PersistentTileScheduler, GivenCounter) {
   ASSERT_EQ(one_wave.prepare(4, 8, 2, 1 << 20, true, true, device, given, nullptr), cudaSuccess);
   EXPECT_EQ(one_wave.params().counter, nullptr);
   EXPECT_EQ(one_wave.finish(nullptr), cudaSuccess);
+}
+
+// Variable-length batches: packed sequences of random lengths (empty ones,
+// ones shorter than a tile, seqused below the packed length), the table
+// built as one device thread builds it.
+struct Varlen {
+  std::vector<int32_t> cu_q, cu_k, used_q, used_k;
+  std::vector<int> workspace;
+  flash3::VarlenTileOrder order;
+
+  Varlen(std::vector<int> const& len_q, std::vector<int> const& len_k, int heads, bool seqused, uint32_t seed = 1) {
+    int const batch = int(len_q.size());
+    cu_q = {0};
+    cu_k = {0};
+    std::mt19937 rng(seed);
+    for (int b = 0; b < batch; ++b) {
+      int const pad = seqused ? int(rng() % 50) : 0;  // packed rows past the used ones
+      cu_q.push_back(cu_q.back() + len_q[b] + pad);
+      cu_k.push_back(cu_k.back() + len_k[b] + pad);
+      used_q.push_back(len_q[b]);
+      used_k.push_back(len_k[b]);
+    }
+    workspace.assign(flash3::VarlenTileTable::table_ints(batch), -7);
+    order.table = flash3::VarlenTileTable::in(workspace.data(), batch);
+    order.lengths = {cu_q.data(), cu_k.data(), seqused ? used_q.data() : nullptr, seqused ? used_k.data() : nullptr};
+    order.batch = batch;
+    order.num_heads = heads;
+    order.block_m = 128;
+    order.block_n = 176;
+    order.build(0, 1, [] {});
+  }
+};
+
+std::vector<int> random_lengths(std::mt19937& rng, int batch) {
+  std::vector<int> lengths;
+  for (int b = 0; b < batch; ++b) {
+    int const kind = int(rng() % 4);
+    lengths.push_back(kind == 0 ? 0 : kind == 1 ? int(rng() % 130) : int(rng() % 5000));
+  }
+  return lengths;
+}
+
+TEST(VarlenTileOrder, EveryTileOfEverySequenceOnce) {
+  std::mt19937 rng(2026);
+  for (int trial = 0; trial < 40; ++trial) {
+    int const batch = 1 + int(rng() % 70), heads = 1 + int(rng() % 3);
+    std::vector<int> const len_q = random_lengths(rng, batch), len_k = random_lengths(rng, batch);
+    Varlen v(len_q, len_k, heads, trial % 2 == 1, trial);
+    std::set<std::tuple<int, int, int>> want, got;
+    for (int b = 0; b < batch; ++b) {
+      for (int m = 0; m < (len_q[b] + 127) / 128; ++m) {
+        for (int h = 0; h < heads; ++h) want.insert({b, h, m});
+      }
+    }
+    ASSERT_EQ(v.order.num_tiles(), int(want.size()));
+    for (int i = 0; i < v.order.num_tiles(); ++i) {
+      TileCoord const c = v.order.tile(i);
+      EXPECT_TRUE(got.insert({c.batch, c.head, c.m_block}).second) << "tile " << i << " twice";
+    }
+    EXPECT_EQ(got, want);
+  }
+}
+
+TEST(VarlenTileOrder, SequencesWithMoreKeyBlocksFirst) {
+  std::mt19937 rng(7);
+  std::vector<int> const len_q = random_lengths(rng, 200), len_k = random_lengths(rng, 200);
+  Varlen v(len_q, len_k, 2, false);
+  int last_blocks = 1 << 30, last_batch = -1, last_m = 0;
+  for (int i = 0; i < v.order.num_tiles(); ++i) {
+    TileCoord const c = v.order.tile(i);
+    int const blocks = (len_k[c.batch] + 175) / 176;
+    if (c.batch != last_batch) {
+      // A new sequence: no more key blocks than the last, and ties in index order.
+      EXPECT_TRUE(blocks < last_blocks || (blocks == last_blocks && c.batch > last_batch)) << "tile " << i;
+      EXPECT_EQ(c.m_block, (len_q[c.batch] + 127) / 128 - 1) << "a sequence starts at its last query block";
+      last_blocks = blocks;
+      last_batch = c.batch;
+    } else {
+      EXPECT_LE(c.m_block, last_m) << "query blocks from the last down";
+    }
+    last_m = c.m_block;
+  }
+}
+
+// Sequences longer than kMaxKeyBlocks key blocks share the first slots.
+TEST(VarlenTileOrder, LongSequencesShareTheTopCount) {
+  int const top = flash3::VarlenTileTable::kMaxKeyBlocks * 176;
+  Varlen v({300, 200, 100}, {top + 5000, 1000, top + 1}, 1, false);
+  EXPECT_EQ(v.workspace[0], 0);
+  EXPECT_EQ(v.workspace[1], 2);
+  EXPECT_EQ(v.workspace[2], 1);
+  EXPECT_EQ(v.order.num_tiles(), 3 + 1 + 2);
+}
+
+TEST(VarlenTileOrder, EmptyBatchesAndSequences) {
+  Varlen none({0, 0, 0}, {10, 0, 500}, 4, false);
+  EXPECT_EQ(none.order.num_tiles(), 0);
+  Varlen keyless({1, 300}, {0, 0}, 2, true);
+  EXPECT_EQ(keyless.order.num_tiles(), 2 * (1 + 3));
 }
 
 }  // namespace
