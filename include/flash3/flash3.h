@@ -108,6 +108,26 @@ struct Fp8Scales {
   DType out_dtype = DType::kBF16;  // O's dtype: kBF16 or kFP16
 };
 
+// Variable-length batches (FlashAttention's varlen functions): the batch's
+// sequences packed along the seq mode of Q, K, V and O, sequence b at rows
+// cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (keys and values at
+// cu_seqlens_k's), the tensors' batch_stride unused. seqlen_q and seqlen_k
+// are then the longest sequence's lengths (FlashAttention's max_seqlen_q/k,
+// upper bounds), total_q and total_k the packed rows, and the LSE is
+// [heads_q, total_q]. The device arrays are trusted, not read on the host:
+// cu_seqlens_q/k int32 [batch + 1], from 0, non-decreasing, up to total_q/k,
+// no sequence longer than seqlen_q/k; seqused_q/k (optional, int32 [batch])
+// the rows of sequence b that take part, its first seqused[b] (at most its
+// packed length): query rows past it are not written.
+struct Varlen {
+  const int32_t* cu_seqlens_q = nullptr;  // nullptr: fixed-length batches
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_q = nullptr;
+  const int32_t* seqused_k = nullptr;
+  int64_t total_q = 0;
+  int64_t total_k = 0;
+};
+
 struct ForwardArgs {
   // Q, K, V's dtype; O's too, except for kE4M3, whose O is in fp8.out_dtype.
   DType dtype = DType::kBF16;
@@ -159,6 +179,8 @@ struct ForwardArgs {
   const float* sinks = nullptr;
 
   Fp8Scales fp8;  // with dtype kE4M3 only
+
+  Varlen varlen;  // packed sequences (bf16 and fp16), or none
 
   KernelOptions options;
 

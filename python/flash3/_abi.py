@@ -44,6 +44,17 @@ class Fp8Scales(ctypes.Structure):
     ]
 
 
+class Varlen(ctypes.Structure):
+    _fields_ = [
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("seqused_q", ctypes.c_void_p),
+        ("seqused_k", ctypes.c_void_p),
+        ("total_q", ctypes.c_int64),
+        ("total_k", ctypes.c_int64),
+    ]
+
+
 _SIZES = [
     ("dtype", ctypes.c_int),
     ("batch", ctypes.c_int64),
@@ -69,6 +80,7 @@ class ForwardArgs(ctypes.Structure):
         ("softcap", ctypes.c_float),
         ("sinks", ctypes.c_void_p),
         ("fp8", Fp8Scales),
+        ("varlen", Varlen),
         ("options", KernelOptions),
         ("tile_counter", ctypes.c_void_p),
     ]

@@ -38,6 +38,7 @@ _pack_backward = _abi.packer(_abi.BackwardArgs).pack_into
 _pack_quantize = _abi.packer(_abi.QuantizeArgs).pack_into
 _ALL_ON = (True, True, True, True)  # KernelOptions: flash3.h's defaults
 _NO_FP8 = (0, 0, 0, 0, 0)  # Fp8Scales of a bf16/fp16 call
+_NO_VARLEN = (0, 0, 0, 0, 0, 0)  # Varlen of a fixed-length batch
 # The mask policy's scalars, (window_left, window_right, softcap) in
 # flash3.h's order: no window, no softcap.
 _NO_MASK = (-1, -1, 0.0)
@@ -152,7 +153,7 @@ def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sink
     _pack_forward(args, 0, DTYPES[q.dtype], b, sq, ks[1], hq, ks[2], d, q.data_ptr(), *q.stride(), k.data_ptr(),
                   *k.stride(), v.data_ptr(), *v.stride(), out.data_ptr(), *out.stride(),
                   0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
-                  0 if sinks is None else sinks.data_ptr(), *fp8, *_ALL_ON,
+                  0 if sinks is None else sinks.data_ptr(), *fp8, *_NO_VARLEN, *_ALL_ON,
                   0 if counter is None else counter.data_ptr())
     return args
 

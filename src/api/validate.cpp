@@ -63,6 +63,31 @@ Status check_fp8(ForwardArgs const& a) {
   return Status();
 }
 
+// Packed sequences' host-side arguments; their device arrays are trusted.
+Status check_varlen(ForwardArgs const& a) {
+  Varlen const& v = a.varlen;
+  if (v.cu_seqlens_k == nullptr) return invalid("varlen.cu_seqlens_k: null pointer (needed with cu_seqlens_q)");
+  if (a.dtype == DType::kE4M3) {
+    return Status(Status::Code::kUnsupported, "varlen: packed sequences take kBF16 or kFP16 (the FP8 forward takes "
+                                              "fixed-length batches)");
+  }
+  if (!(a.options.pingpong && a.options.intra_warpgroup_overlap && a.options.warp_specialization &&
+        a.options.persistent)) {
+    return Status(Status::Code::kUnsupported, "varlen: packed sequences run with every KernelOption on");
+  }
+  for (auto const& [name, p] : {std::pair{"varlen.cu_seqlens_q", v.cu_seqlens_q},
+                                std::pair{"varlen.cu_seqlens_k", v.cu_seqlens_k},
+                                std::pair{"varlen.seqused_q", v.seqused_q}, std::pair{"varlen.seqused_k", v.seqused_k}}) {
+    if (reinterpret_cast<uintptr_t>(p) % alignof(int32_t) != 0) return invalid(std::string(name) + ": must be 4-byte aligned");
+  }
+  for (auto const& [name, total] : {std::pair{"varlen.total_q", v.total_q}, std::pair{"varlen.total_k", v.total_k}}) {
+    if (total < 0 || total > INT32_MAX) {
+      return invalid(std::string(name) + ": must be in [0, 2^31), got " + std::to_string(total));
+    }
+  }
+  return Status();
+}
+
 }  // namespace
 
 Status validate(ForwardArgs const& a) {
@@ -86,14 +111,24 @@ Status validate(ForwardArgs const& a) {
       !(a.options.pingpong && a.options.intra_warpgroup_overlap && a.options.warp_specialization)) {
     return Status(Status::Code::kUnsupported, fwd::kNoWindowWithOptions);
   }
-  if (a.batch == 0 || a.seqlen_q == 0) return Status();  // nothing to compute or write
+  bool const packed = a.varlen.cu_seqlens_q != nullptr;
+  if (packed) {
+    if (Status s = check_varlen(a); !s.ok()) return s;
+  } else if (a.varlen.cu_seqlens_k != nullptr || a.varlen.seqused_q != nullptr || a.varlen.seqused_k != nullptr) {
+    return invalid("varlen.cu_seqlens_q: null pointer, but other varlen arrays given (packed sequences need both "
+                   "cu_seqlens)");
+  }
+  if (a.batch == 0 || a.seqlen_q == 0 || (packed && a.varlen.total_q == 0)) return Status();  // nothing to write
   int64_t const in_bytes = element_bytes(a.dtype);
   int64_t const out_bytes = element_bytes(fp8 ? a.fp8.out_dtype : a.dtype);
-  if (Status s = checks::tensor("q", a.q, a.batch, a.seqlen_q, a.heads_q, a.head_dim, in_bytes); !s.ok()) return s;
-  if (Status s = checks::output("o", a.o, a.batch, a.seqlen_q, a.heads_q, a.head_dim, out_bytes); !s.ok()) return s;
-  if (a.seqlen_k > 0) {
-    if (Status s = checks::tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
-    if (Status s = checks::tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
+  // Packed sequences: one batch entry of total rows.
+  int64_t const entries = packed ? 1 : a.batch;
+  int64_t const rows_q = packed ? a.varlen.total_q : a.seqlen_q, rows_k = packed ? a.varlen.total_k : a.seqlen_k;
+  if (Status s = checks::tensor("q", a.q, entries, rows_q, a.heads_q, a.head_dim, in_bytes); !s.ok()) return s;
+  if (Status s = checks::output("o", a.o, entries, rows_q, a.heads_q, a.head_dim, out_bytes); !s.ok()) return s;
+  if (rows_k > 0) {
+    if (Status s = checks::tensor("k", a.k, entries, rows_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
+    if (Status s = checks::tensor("v", a.v, entries, rows_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
   }
   // LSE's and the sinks' layouts are fixed and dense, so they cannot overlap
   // themselves: only their alignment to check.

@@ -5,9 +5,11 @@
 // out the sequences with the most key blocks first leaves short tiles for
 // the end of the grid (longest processing time first, as TileOrder does for
 // the causal mask). The lengths live in device memory: the table is built
-// on the device before the main kernel (one CTA; the same code runs on the
-// host in the CPU tests) and read by the scheduler.
+// on the device before the main kernel (build_varlen_tiles: one CTA; the
+// same code runs on the host in the CPU tests) and read by the scheduler.
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 
@@ -32,15 +34,16 @@ struct SequenceLengths {
   FLASH3_HOST_DEVICE int k(int b) const {
     return seqused_k != nullptr ? seqused_k[b] : cu_seqlens_k[b + 1] - cu_seqlens_k[b];
   }
+  FLASH3_HOST_DEVICE bool packed() const { return cu_seqlens_q != nullptr; }
 };
 
 // The table, in a workspace of 2 * batch + num_keys ints (table_ints()):
 // order[s] is the sequence in slot s (slots by descending key blocks, ties by
 // index), tile_end[s] the tiles of slots 0 .. s (all heads).
 struct VarlenTileTable {
-  int* order;
-  int* tile_end;
-  int* counts;  // scratch of the build: sequences per key-block count
+  int* order = nullptr;
+  int* tile_end = nullptr;
+  int* counts = nullptr;  // scratch of the build: sequences per key-block count
 
   // The largest key-block count sorted apart; longer sequences share its
   // slot range (still ahead of every shorter one). Bounds the scratch, since
@@ -48,7 +51,11 @@ struct VarlenTileTable {
   static constexpr int kMaxKeyBlocks = 4096;
   static constexpr int64_t table_ints(int batch) { return 2 * int64_t(batch) + kMaxKeyBlocks + 1; }
   static VarlenTileTable in(int* workspace, int batch) {
-    return {workspace, workspace + batch, workspace + 2 * batch};
+    VarlenTileTable t;
+    t.order = workspace;
+    t.tile_end = workspace + batch;
+    t.counts = workspace + 2 * batch;
+    return t;
   }
 };
 
@@ -116,5 +123,9 @@ struct VarlenTileOrder {
     return c;
   }
 };
+
+// Builds `order`'s table (its workspace allocated by the caller) on
+// `stream`, one CTA, before the kernel that reads it.
+cudaError_t build_varlen_tiles(VarlenTileOrder const& order, cudaStream_t stream);
 
 }  // namespace flash3

@@ -208,6 +208,10 @@ struct FwdTraits {
     // a producer (the ablation) the consumers compute them.
     int tile_index;
     TileCoord tile;
+    // Packed sequences: each consumer warpgroup's tile's (seqlen_q,
+    // seqlen_k), for the mask inside its mainloop (held in registers across
+    // it, they spilled at head dim 64).
+    int sequence[kNumConsumerWarpGroups][2];
     std::conditional_t<kFp8, float[kQStages], None> q_descale;  // FP8: Q's descale, published with Q by pipeline_q
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit, "tile sizes overflow shared memory");
