@@ -126,7 +126,7 @@ class QuantizeArgs(ctypes.Structure):
     ]
 
 
-MIRRORS = (TensorRef, KernelOptions, Fp8Scales, ForwardArgs, BackwardArgs, QuantizeArgs)
+MIRRORS = (TensorRef, KernelOptions, Fp8Scales, Varlen, ForwardArgs, BackwardArgs, QuantizeArgs)
 
 # flash3::DType and flash3::ScaleGranularity values.
 BF16, FP16, E4M3 = 0, 1, 2

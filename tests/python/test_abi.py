@@ -20,7 +20,7 @@ HEADER = os.path.join(REPO, "include", "flash3", "flash3.h")
 _CTYPES = {"int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64, "bool": ctypes.c_bool, "float": ctypes.c_float,
            "DType": ctypes.c_int, "ScaleGranularity": ctypes.c_int, "Pointer": ctypes.c_void_p,
            "ConstTensor": _abi.TensorRef, "MutableTensor": _abi.TensorRef, "Fp8Scales": _abi.Fp8Scales,
-           "KernelOptions": _abi.KernelOptions}
+           "KernelOptions": _abi.KernelOptions, "Varlen": _abi.Varlen}
 
 
 def _strip_comments(text):
