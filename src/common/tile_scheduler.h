@@ -18,7 +18,6 @@
 #include "common/device_info.h"
 #include "common/tile_counter.h"
 #include "common/tile_order.h"
-#include "common/varlen_tiles.h"
 
 namespace flash3 {
 
@@ -34,9 +33,6 @@ struct PersistentTileScheduler {
     // Zero at the launch (the caller's, or a TileCounter). nullptr: no more
     // tiles than CTAs, CTA c takes tile c alone.
     int* counter;
-    // Packed sequences (varlen.table.order not null): their tiles instead
-    // of order's, counted on the device.
-    VarlenTileOrder varlen;
   };
 
   // One call's grid and parameters. kv_bytes_per_head: K and V bytes one
@@ -57,39 +53,11 @@ struct PersistentTileScheduler {
         if (given_counter == nullptr) err = counter_.acquire(device.id, stream);
         counter = given_counter != nullptr ? given_counter : counter_.get();
       }
-      params_ = Params{order, counter, VarlenTileOrder{}};
+      params_ = Params{order, counter};
       return err;
     }
-    // Packed sequences: `varlen` without its table, which is built here in
-    // stream-ordered memory (freed by finish()). max_tiles bounds the tiles
-    // (every sequence as long as the longest); the grid is persistent.
-    cudaError_t prepare_varlen(VarlenTileOrder varlen, int max_tiles, DeviceInfo const& device, int* given_counter,
-                               cudaStream_t stream) {
-      grid_ = std::max(1, std::min(max_tiles, device.num_sms));
-      size_t const bytes = size_t(VarlenTileTable::table_ints(varlen.batch)) * sizeof(int);
-      cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&table_), bytes, stream);
-      if (err != cudaSuccess) return err;
-      varlen.table = VarlenTileTable::in(table_, varlen.batch);
-      if ((err = build_varlen_tiles(varlen, stream)) != cudaSuccess) return err;
-      int* counter = nullptr;
-      if (grid_ < max_tiles) {
-        if (given_counter == nullptr) err = counter_.acquire(device.id, stream);
-        counter = given_counter != nullptr ? given_counter : counter_.get();
-      }
-      params_ = Params{TileOrder{}, counter, varlen};
-      return err;
-    }
-    // After the launch: a graph's counter is freed in the graph, the varlen
-    // table in stream order.
-    cudaError_t finish(cudaStream_t stream) {
-      cudaError_t err = counter_.release(stream);
-      if (table_ != nullptr) {
-        cudaError_t const free_err = cudaFreeAsync(table_, stream);
-        if (err == cudaSuccess) err = free_err;
-        table_ = nullptr;
-      }
-      return err;
-    }
+    // After the launch: a graph's counter is freed in the graph.
+    cudaError_t finish(cudaStream_t stream) { return counter_.release(stream); }
     int grid() const { return grid_; }
     Params const& params() const { return params_; }
 
@@ -97,17 +65,11 @@ struct PersistentTileScheduler {
     TileCounter counter_;
     Params params_{};
     int grid_ = 0;
-    int* table_ = nullptr;
   };
 
 #if defined(__CUDACC__)
-  __device__ __forceinline__ static bool varlen(Params const& p) { return p.varlen.table.order != nullptr; }
-  __device__ __forceinline__ static int num_tiles(Params const& p) {
-    return varlen(p) ? p.varlen.num_tiles() : p.order.num_tiles();
-  }
-  __device__ __forceinline__ static TileCoord coord(Params const& p, int tile) {
-    return varlen(p) ? p.varlen.tile(tile) : p.order.tile(tile);
-  }
+  __device__ __forceinline__ static int num_tiles(Params const& p) { return p.order.num_tiles(); }
+  __device__ __forceinline__ static TileCoord coord(Params const& p, int tile) { return p.order.tile(tile); }
   __device__ __forceinline__ static int first_tile() { return int(blockIdx.x); }
 
   // Claims are made by one warp (its lane 0) and split in two, so that the
@@ -116,10 +78,8 @@ struct PersistentTileScheduler {
   //
   // A launch makes exactly num_tiles claims: claims 0 .. num_tiles - grid - 1
   // hand out the tiles past the first wave, and each CTA stops after one claim
-  // more (a CTA whose first tile is past the end, where packed sequences have
-  // fewer tiles than the grid, makes none). The last claim is therefore
-  // num_tiles - 1; it zeroes the counter, so the next launch on the stream
-  // needs no memset.
+  // more. The last claim is therefore num_tiles - 1; it zeroes the counter,
+  // so the next launch on the stream needs no memset.
   __device__ __forceinline__ static int claim_issue(Params const& p) {
     bool const issues = p.counter != nullptr && threadIdx.x % 32 == 0;
     return issues ? atomicAdd(p.counter, 1) : 0;
@@ -128,7 +88,7 @@ struct PersistentTileScheduler {
     if (p.counter == nullptr) return tile + int(gridDim.x);
     int next = 0;
     if (threadIdx.x % 32 == 0) {
-      if (claim == num_tiles(p) - 1) atomicExch(p.counter, 0);
+      if (claim == p.order.num_tiles() - 1) atomicExch(p.counter, 0);
       next = claim + int(gridDim.x);
     }
     return __shfl_sync(0xffffffff, next, 0);

@@ -132,12 +132,18 @@ struct Epilogue {
     auto thr_r2s = r2s.get_thread_slice(thread_idx);
     Tensor dst = thr_r2s.partition_D(sO);
     // A packed sequence's rows start at its cu_seqlens_q in the one batch entry.
-    bool const packed = p.lengths.packed();
+    constexpr bool packed = Traits::kPacked;
     int const seqlen_q = packed ? p.lengths.q(tile.batch) : p.seqlen_q;
     int const first_q = packed ? p.lengths.cu_seqlens_q[tile.batch] : 0;
     Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
-    Tensor gO = local_tile(domain_offset(make_coord(first_q, _0{}), mO(_, _, tile.head, packed ? 0 : tile.batch)),
-                           TileShapeOStore{}, make_coord(_, _));  // (rows, W, i, chunk)
+    Tensor gO = [&] {  // (rows, W, i, chunk)
+      if constexpr (packed) {
+        return local_tile(domain_offset(make_coord(first_q, _0{}), mO(_, _, tile.head, 0)), TileShapeOStore{},
+                          make_coord(_, _));
+      } else {
+        return local_tile(mO(_, _, tile.head, tile.batch), TileShapeOStore{}, make_coord(_, _));
+      }
+    }();
     auto tma_o = p.tma_o.get_slice(_0{});
     // The store of a part of the buffer: block `block` of kStoreRows rows.
     auto part_block = [&](int part) {
@@ -172,7 +178,7 @@ struct Epilogue {
         }
         tma_store_arrive();
       }
-      if (packed) {
+      if constexpr (packed) {
         for (int part = first; part < last; ++part) {
           int const block = part_block(part);
           if (block >= 0 && block * kStoreRows < seqlen_q && (block + 1) * kStoreRows > seqlen_q) {

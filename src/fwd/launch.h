@@ -14,19 +14,21 @@
 #include "common/scale_view.h"
 #include "common/softcap.h"
 #include "common/tile_scheduler.h"
+#include "common/varlen_scheduler.h"
 #include "flash3/flash3.h"
 #include "fwd/kernel.h"
 #include "fwd/kernel_no_ws.h"
 
 namespace flash3::fwd {
 
-// The kernel of a variant: Algorithm 1's warp-specialized kernel, or the
-// ablation's without a producer.
+// The kernel of a variant: Algorithm 1's warp-specialized kernel (packed
+// sequences' with their scheduler), or the ablation's without a producer.
 template <class Traits>
-using ForwardKernel =
-    std::conditional_t<Traits::kWarpSpecialized,
-                       Kernel<Mainloop<Traits>, Epilogue<Traits>, PersistentTileScheduler>,
-                       KernelNoWS<Mainloop<Traits>, Epilogue<Traits>, PersistentTileScheduler>>;
+using ForwardKernel = std::conditional_t<
+    Traits::kWarpSpecialized,
+    Kernel<Mainloop<Traits>, Epilogue<Traits>,
+           std::conditional_t<Traits::kPacked, VarlenTileScheduler, PersistentTileScheduler>>,
+    KernelNoWS<Mainloop<Traits>, Epilogue<Traits>, PersistentTileScheduler>>;
 
 template <class Traits>
 Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
@@ -45,7 +47,7 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   // by whole warpgroups' 64 rows.
   // Packed sequences (varlen) are one batch entry of total rows; each
   // starts at a tile of its own (no partial tile first).
-  bool const packed = a.varlen.cu_seqlens_q != nullptr;
+  constexpr bool packed = Traits::kPacked;
   SequenceLengths const lengths{a.varlen.cu_seqlens_q, a.varlen.cu_seqlens_k, a.varlen.seqused_q,
                                 a.varlen.seqused_k};
   int64_t const rows_q = packed ? a.varlen.total_q : a.seqlen_q, rows_k = packed ? a.varlen.total_k : a.seqlen_k;
@@ -69,18 +71,20 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   auto kernel = forward_kernel<KernelT>;
   cudaError_t err = allow_dynamic_smem<forward_kernel<KernelT>>(device.id, KernelT::kSmemBytes);
   typename KernelT::Scheduler::Launch launch;
-  if (err == cudaSuccess && packed) {
-    VarlenTileOrder order;
-    order.lengths = lengths;
-    order.batch = int(a.batch);
-    order.num_heads = int(a.heads_q);
-    order.block_m = Traits::kBlockM;
-    order.block_n = Traits::kBlockN;
-    int64_t const max_tiles = int64_t(num_m_blocks) * a.heads_q * a.batch;
-    err = launch.prepare_varlen(order, int(std::min<int64_t>(max_tiles, INT_MAX)), device, a.tile_counter, stream);
-  } else if (err == cudaSuccess) {
-    err = launch.prepare(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, Traits::kCausal, a.options.persistent,
-                         device, a.tile_counter, stream);
+  if (err == cudaSuccess) {
+    if constexpr (packed) {
+      VarlenTileOrder order;
+      order.lengths = lengths;
+      order.batch = int(a.batch);
+      order.num_heads = int(a.heads_q);
+      order.block_m = Traits::kBlockM;
+      order.block_n = Traits::kBlockN;
+      int64_t const max_tiles = int64_t(num_m_blocks) * a.heads_q * a.batch;
+      err = launch.prepare(order, int(std::min<int64_t>(max_tiles, INT_MAX)), device, a.tile_counter, stream);
+    } else {
+      err = launch.prepare(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, Traits::kCausal,
+                           a.options.persistent, device, a.tile_counter, stream);
+    }
   }
   if (err == cudaSuccess) {
     params.scheduler = launch.params();

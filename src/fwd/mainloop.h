@@ -98,11 +98,10 @@ struct Mainloop {
     // A batch entry's sequence: its lengths, and where its rows start in
     // the packed tensors (0 for fixed-length batches, whose entries are
     // TMA's batch coordinate instead).
-    CUTE_DEVICE int seq_q(int batch) const { return lengths.packed() ? lengths.q(batch) : seqlen_q; }
-    CUTE_DEVICE int seq_k(int batch) const { return lengths.packed() ? lengths.k(batch) : seqlen_k; }
-    CUTE_DEVICE int tma_batch(int batch) const { return lengths.packed() ? 0 : batch; }
-    CUTE_DEVICE int first_q(int batch) const { return lengths.packed() ? lengths.cu_seqlens_q[batch] : 0; }
-    CUTE_DEVICE int first_k(int batch) const { return lengths.packed() ? lengths.cu_seqlens_k[batch] : 0; }
+    CUTE_DEVICE int seq_q(int batch) const { return Traits::kPacked ? lengths.q(batch) : seqlen_q; }
+    CUTE_DEVICE int seq_k(int batch) const { return Traits::kPacked ? lengths.k(batch) : seqlen_k; }
+    CUTE_DEVICE int first_q(int batch) const { return Traits::kPacked ? lengths.cu_seqlens_q[batch] : 0; }
+    CUTE_DEVICE int first_k(int batch) const { return Traits::kPacked ? lengths.cu_seqlens_k[batch] : 0; }
 
     // The mask policy of a batch entry's tiles: the causal mask's at compile
     // time, or a window's from the call's bounds (read from the parameters
@@ -176,8 +175,15 @@ struct Mainloop {
         // Rows above the sequence (a causal launch's first tile) load as
         // zeros; a packed sequence's last tile reads the next one's first
         // rows, whose outputs are not stored.
-        Tensor mQ = domain_offset(make_coord(p.first_q(tile.batch) - p.row_offset, _0{}),
-                                  p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, p.tma_batch(tile.batch)));
+        Tensor mQ = [&] {
+          if constexpr (Traits::kPacked) {
+            return domain_offset(make_coord(p.first_q(tile.batch) - p.row_offset, _0{}),
+                                 p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, 0));
+          } else {
+            return domain_offset(make_coord(-p.row_offset, _0{}),
+                                 p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, tile.batch));
+          }
+        }();
         Tensor gQ = local_tile(mQ, select<0, 2>(TileShapeQK{}), make_coord(tile.m_block, _0{}));
         Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
         auto tma = p.tma_q.get_slice(_0{});
@@ -198,9 +204,16 @@ struct Mainloop {
       if (leader) {
         // A packed sequence's last block reads the next one's first keys,
         // which the mask hides (seq_k).
-        Tensor g = local_tile(domain_offset(make_coord(p.first_k(tile.batch), _0{}),
-                                            tma.get_tma_tensor(p.shape_k)(_, _, head_kv, p.tma_batch(tile.batch))),
+        Tensor g = [&] {
+          if constexpr (Traits::kPacked) {
+            return local_tile(domain_offset(make_coord(p.first_k(tile.batch), _0{}),
+                                            tma.get_tma_tensor(p.shape_k)(_, _, head_kv, 0)),
                               select<1, 2>(TileShapeQK{}), make_coord(n_block, _0{}));
+          } else {
+            return local_tile(tma.get_tma_tensor(p.shape_k)(_, _, head_kv, tile.batch), select<1, 2>(TileShapeQK{}),
+                              make_coord(n_block, _0{}));
+          }
+        }();
         Tensor s = make_tensor(make_smem_ptr(buffer), layout);  // (N, d, stages)
         auto slice = tma.get_slice(_0{});
         copy(tma.with(*pipeline.producer_get_barrier(write)), slice.partition_S(g),
@@ -309,16 +322,19 @@ struct Mainloop {
     // Packed sequences: this tile's lengths into the warpgroup's slot, which
     // the mask reads in the loop (each thread writes the same values before
     // it reads them).
-    if (p.lengths.packed()) {
+    if constexpr (Traits::kPacked) {
       int* slot = smem.sequence[consumer_group()];
       slot[0] = p.seq_q(tile.batch);
       slot[1] = p.seq_k(tile.batch);
     }
     // The mask policy inside the loop, from the parameters or that slot.
     auto loop_mask_policy = [&] {
-      if (!p.lengths.packed()) return p.policy_of(p.seqlen_q, p.seqlen_k);
-      int const* slot = smem.sequence[consumer_group()];
-      return p.policy_of(slot[0], slot[1]);
+      if constexpr (Traits::kPacked) {
+        int const* slot = smem.sequence[consumer_group()];
+        return p.policy_of(slot[0], slot[1]);
+      } else {
+        return p.policy_of(p.seqlen_q, p.seqlen_k);
+      }
     };
     if constexpr (Traits::kWarpSpecialized) {
       // The key blocks this warpgroup's own 64 rows see. A warpgroup whose

@@ -29,6 +29,7 @@ struct FwdTraits {
   using ElementO = std::conditional_t<kFp8, ElementOf<kVariant.fp8_out>, Element>;
   static constexpr bool kCausal = kVariant.causal;  // the masked kernel (fwd/variants.h)
   static constexpr bool kWindow = kVariant.window;
+  static constexpr bool kPacked = kVariant.packed;  // packed sequences (varlen)
   static constexpr bool kPingpong = kVariant.pingpong;
   // The window kernels from head dim 192 and in FP8 run Algorithm 1's
   // iteration: with the overlap's S_next and P both live they spill.
@@ -209,9 +210,9 @@ struct FwdTraits {
     int tile_index;
     TileCoord tile;
     // Packed sequences: each consumer warpgroup's tile's (seqlen_q,
-    // seqlen_k), for the mask inside its mainloop (held in registers across
-    // it, they spilled at head dim 64).
-    int sequence[kNumConsumerWarpGroups][2];
+    // seqlen_k), for the mask inside its mainloop (fewer registers held
+    // across it).
+    int sequence[kPacked ? kNumConsumerWarpGroups : 1][2];
     std::conditional_t<kFp8, float[kQStages], None> q_descale;  // FP8: Q's descale, published with Q by pipeline_q
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit, "tile sizes overflow shared memory");
