@@ -268,18 +268,27 @@ TEST(ReferenceGpuBackward, MatchesCpu) {
   }
 }
 
-// Sinks in both GPU references against the float64 CPU ones (float32 mode):
-// O, LSE, the gradients and the sinks' own, rows that see no key included.
-TEST(ReferenceGpu, SinksMatchCpu) {
+// Sinks and softcapping in both GPU references against the float64 CPU ones
+// (float32 mode): O, LSE, the gradients and the sinks' own, rows that see no
+// key included. Softcapping with scale 2 (scores of a few units) and caps
+// that bend them.
+TEST(ReferenceGpu, SinksAndSoftcapMatchCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  // AttentionShape: batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, scale, causal.
-  const std::pair<DType, AttentionShape> cases[] = {
-      {DType::kBF16, {2, 70, 70, 4, 2, 64, 0.0f, false}},
-      {DType::kFP16, {1, 150, 40, 4, 1, 128, 0.0f, true}},  // 110 rows see no key
-      {DType::kBF16, {1, 5, 0, 2, 2, 64, 0.0f, false}},     // no key at all
+  auto capped = [](AttentionShape s, double softcap) {
+    s.softcap = softcap;
+    return s;
   };
-  for (const auto& [dtype, s] : cases) {
-    SCOPED_TRACE(std::to_string(s.seqlen_q) + "x" + std::to_string(s.seqlen_k) + " d" + std::to_string(s.head_dim));
+  // AttentionShape: batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, scale, causal.
+  const std::tuple<DType, AttentionShape, bool> cases[] = {
+      {DType::kBF16, {2, 70, 70, 4, 2, 64, 0.0f, false}, true},
+      {DType::kFP16, {1, 150, 40, 4, 1, 128, 0.0f, true}, true},  // 110 rows see no key
+      {DType::kBF16, {1, 5, 0, 2, 2, 64, 0.0f, false}, true},     // no key at all
+      {DType::kBF16, capped({2, 70, 90, 4, 2, 64, 2.0f, false}, 1.0), false},
+      {DType::kFP16, capped({1, 150, 40, 4, 1, 128, 2.0f, true}, 1.5), true},
+  };
+  for (const auto& [dtype, s, with_sinks] : cases) {
+    SCOPED_TRACE(std::to_string(s.seqlen_q) + "x" + std::to_string(s.seqlen_k) + " d" + std::to_string(s.head_dim) +
+                 " softcap " + std::to_string(s.softcap) + (with_sinks ? " sinks" : ""));
     const int64_t d = s.head_dim;
     const int64_t nq = s.batch * s.seqlen_q * s.heads_q * d, nk = s.batch * s.seqlen_k * s.heads_kv * d;
     const int64_t n_lse = s.batch * s.heads_q * s.seqlen_q;
@@ -303,10 +312,12 @@ TEST(ReferenceGpu, SinksMatchCpu) {
     };
     const auto tq = tensor(0, s.seqlen_q, s.heads_q), tk = tensor(nq, s.seqlen_k, s.heads_kv),
                tv = tensor(nq + nk, s.seqlen_k, s.heads_kv), tdo = tensor(nq + 2 * nk, s.seqlen_q, s.heads_q);
-    CUDA_OK(attention_gpu(s, dtype, tq, tk, tv, o.ptr, lse.ptr, false, nullptr, d_sinks.ptr));
+    float const* gpu_sinks = with_sinks ? d_sinks.ptr : nullptr;
+    CUDA_OK(attention_gpu(s, dtype, tq, tk, tv, o.ptr, lse.ptr, false, nullptr, gpu_sinks));
     float* g = grads.ptr;
     CUDA_OK(flash3::reference::attention_backward_gpu(s, dtype, tq, tk, tv, tdo, g, g + nq, g + nq + nk, false,
-                                                      nullptr, nullptr, d_sinks.ptr, d_dsinks.ptr));
+                                                      nullptr, nullptr, gpu_sinks,
+                                                      with_sinks ? d_dsinks.ptr : nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> h_o(nq), h_lse(n_lse), h_grads(nq + 2 * nk), h_dsinks(s.heads_q);
     CUDA_OK(cudaMemcpy(h_o.data(), o.ptr, nq * 4, cudaMemcpyDeviceToHost));
@@ -316,10 +327,11 @@ TEST(ReferenceGpu, SinksMatchCpu) {
 
     std::vector<double> ref_o(nq), ref_lse(n_lse), ref_grads(nq + 2 * nk), ref_dsinks(s.heads_q);
     const double* q = vals.data();
-    attention_cpu(s, q, q + nq, q + nq + nk, ref_o.data(), ref_lse.data(), sinks64.data());
+    double const* cpu_sinks = with_sinks ? sinks64.data() : nullptr;
+    attention_cpu(s, q, q + nq, q + nq + nk, ref_o.data(), ref_lse.data(), cpu_sinks);
     flash3::reference::attention_backward_cpu(s, q, q + nq, q + nq + nk, q + nq + 2 * nk, ref_grads.data(),
-                                              ref_grads.data() + nq, ref_grads.data() + nq + nk, sinks64.data(),
-                                              ref_dsinks.data());
+                                              ref_grads.data() + nq, ref_grads.data() + nq + nk, cpu_sinks,
+                                              with_sinks ? ref_dsinks.data() : nullptr);
     auto max_err = [](const float* got, const double* ref, size_t n, double& ref_max) {
       double err = 0;
       for (size_t i = 0; i < n; ++i) {
@@ -332,7 +344,9 @@ TEST(ReferenceGpu, SinksMatchCpu) {
     EXPECT_LT(max_err(h_o.data(), ref_o.data(), nq, o_max), 1e-4);
     EXPECT_LT(max_err(h_lse.data(), ref_lse.data(), n_lse, lse_max), 1e-4 * std::max(1.0, lse_max));
     EXPECT_LE(max_err(h_grads.data(), ref_grads.data(), h_grads.size(), grad_max), 1e-4 * std::max(1.0, grad_max));
-    EXPECT_LE(max_err(h_dsinks.data(), ref_dsinks.data(), s.heads_q, dsink_max), 1e-4 * std::max(1.0, dsink_max));
+    if (with_sinks) {
+      EXPECT_LE(max_err(h_dsinks.data(), ref_dsinks.data(), s.heads_q, dsink_max), 1e-4 * std::max(1.0, dsink_max));
+    }
   }
 }
 

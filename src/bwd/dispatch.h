@@ -1,6 +1,7 @@
-// The one place where runtime arguments become template parameters of the
-// backward kernels. Each (dtype, head dim) is compiled in its own generated
-// translation unit (bwd/instantiate.cu.in).
+// Where runtime arguments become template parameters of the backward kernels.
+// Each (dtype, head dim, softcapping) is compiled in its own generated
+// translation unit (bwd/instantiate.cu.in), which the API layer picks; here the
+// mask picks the kernel.
 #pragma once
 
 #include "bwd/launch.h"
@@ -11,13 +12,13 @@
 
 namespace flash3::bwd {
 
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, bool kSoftcap>
 Status run_backward(BackwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   using Element = ElementOf<kDType>;
   // The masked kernel serves the causal mask and every sliding window.
   bool const masked = a.causal || window_of(false, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k).any();
-  return masked ? launch_backward<BwdTraits<Element, kHeadDim, true>>(a, device, stream)
-                  : launch_backward<BwdTraits<Element, kHeadDim, false>>(a, device, stream);
+  return masked ? launch_backward<BwdTraits<Element, kHeadDim, true, kSoftcap>>(a, device, stream)
+                : launch_backward<BwdTraits<Element, kHeadDim, false, kSoftcap>>(a, device, stream);
 }
 
 }  // namespace flash3::bwd

@@ -427,9 +427,9 @@ struct Mainloop {
       warpgroup_wait<1>();
       // Softcapping comes before the mask, whose -inf it would undo; its
       // slope 1 - t^2 is for dS (common/softcap.h).
-      bool const softcap = p.softcap.on();
+      constexpr bool softcap = Traits::kSoftcap;
       SoftcapSlopes<decltype(size(tSrS))::value, Traits::kSoftcapSlopesKept> slopes;
-      if (softcap) {
+      if constexpr (softcap) {
         softcap_scores(tSrS, p.softcap.pre);
         slopes.keep(tSrS);
       }
@@ -453,7 +453,7 @@ struct Mainloop {
       // With softcapping times its slope.
       warpgroup_wait<1>();
       auto p_at = [&](int i) { return Traits::kdSFromRoundedP ? float(rP(i)) : tSrS(i); };
-      if (softcap) {
+      if constexpr (softcap) {
         CUTE_UNROLL
         for (int i = 0; i < size(tdPrdP); ++i) {
           int const row = get<1>(coords(i));

@@ -7,7 +7,9 @@
 
 namespace flash3::bwd {
 
-template <DType kDType, int kHeadDim>
+// kSoftcap: the kernels with softcapping (its code lengthens the mainloop of
+// the others), in translation units of their own.
+template <DType kDType, int kHeadDim, bool kSoftcap>
 Status run_backward_instance(BackwardArgs const& a, DeviceInfo const& device, cudaStream_t stream);
 
 }  // namespace flash3::bwd

@@ -57,11 +57,14 @@ CUTE_HOST_DEVICE constexpr auto ss_atom() {
   else return GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kN>, _16>, kMajorA, kMajorB>();
 }
 
-template <class Element_, int kHeadDim_, bool kCausal_>
+template <class Element_, int kHeadDim_, bool kCausal_, bool kSoftcap_ = false>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kCausal = kCausal_;
+  // Softcapping's kernels: its code, skipped at run time, lengthened the
+  // mainloop of the others (and cost their head dim 64 about 2%).
+  static constexpr bool kSoftcap = kSoftcap_;
 
   // Registers bind the tile. Keys split: per consumer thread dK and dV hold
   // 64 x d fp32 each (d/2 registers each), S^T and dP^T 64 x M (M/2 each), dQ
@@ -82,8 +85,9 @@ struct BwdTraits {
   // spill-free; elsewhere the conversion back costs more than it frees.
   static constexpr bool kdSFromRoundedP = kBlockM > 64;
   // Softcapping's slopes kept in registers from S to dS (common/softcap.h)
-  // where they fit beside the rest: they spilled at M = 128.
-  static constexpr bool kSoftcapSlopesKept = kBlockM == 64;
+  // where they fit beside the rest (the SASS check): they spilled at M = 128,
+  // and in the unmasked kernels at M = 64.
+  static constexpr bool kSoftcapSlopesKept = kBlockM == 64 && kCausal;
   static constexpr int kNumConsumerWarpGroups = 2;
   // Shared memory (227 KB) holds two stages of Q_i, and of dO_i up to d = 192;
   // at d = 256 one stage of dO_i (dO_{i+1} loads once dV_i is done, while

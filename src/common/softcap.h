@@ -19,6 +19,7 @@ namespace flash3 {
 struct Softcap {
   float pre = 0.f;         // softmax_scale / softcap; 0: off
   float scale_log2 = 0.f;  // softcap * log2(e): the softmax's scale of t
+  float t_per_log2 = 0.f;  // 1 / scale_log2: the backward's t from log2(P) (a multiply, not a divide a score)
 
   FLASH3_HOST_DEVICE bool on() const { return pre != 0.f; }
 };
@@ -26,7 +27,7 @@ struct Softcap {
 // softcap 0 is off (FlashAttention's convention).
 inline Softcap softcap_of(float softcap, float softmax_scale) {
   if (softcap == 0.f) return {};
-  return {softmax_scale / softcap, softcap * float(M_LOG2E)};
+  return {softmax_scale / softcap, softcap * float(M_LOG2E), 1.f / (softcap * float(M_LOG2E))};
 }
 
 #if defined(__CUDACC__)
@@ -66,7 +67,7 @@ struct SoftcapSlopes {
     if constexpr (kKeep) {
       return i % 2 == 0 ? __low2float(pairs[i / 2]) : __high2float(pairs[i / 2]);
     } else {
-      float const t = (__log2f(p) + lse_log2) / softcap.scale_log2;
+      float const t = (__log2f(p) + lse_log2) * softcap.t_per_log2;
       return fmaxf(1.f - t * t, 0.f);
     }
   }

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (flash3's 
 
 
 import flash3  # noqa: E402
-from flash3 import _abi, _ops, interface  # noqa: E402
+from flash3 import _abi, interface  # noqa: E402
 from transformer_block import Block  # noqa: E402
 
 BF16, FP16, E4M3 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
@@ -142,6 +142,14 @@ def make(shape, dtype, layout, device="cuda"):
     return t.requires_grad_()
 
 
+def seeded(*key):
+    """A random.Random fixed by the test's key (str seeds are stable across
+    runs), and torch's generator seeded from it."""
+    rng = random.Random("flash3 " + " ".join(map(str, key)))
+    torch.manual_seed(rng.randrange(2 ** 31))
+    return rng
+
+
 def random_case(rng, head_dim):
     heads_kv = rng.choice([1, 2, 3])
     seqlen_q = rng.choice([1, 2, 63, 64, 65, 127, 129, 192, 255, rng.randint(1, 700)])
@@ -206,8 +214,7 @@ def check_sink_gradient(c, got, sinks, dout, out, lse, ref_out, ref):
 @pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
 def test_against_float64_sdpa(gpu, dtype, head_dim, causal):
-    rng = random.Random(f"flash3 {dtype} {head_dim} {causal}")  # str seeds are stable across runs
-    torch.manual_seed(rng.randrange(2 ** 31))
+    rng = seeded(dtype, head_dim, causal)
     for _ in range(3):
         run_case(dtype, causal, random_case(rng, head_dim))
 
@@ -255,8 +262,7 @@ def test_queries_that_see_no_key(gpu):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
 def test_sinks_against_float64(gpu, head_dim, causal):
-    rng = random.Random(f"flash3 sinks {head_dim} {causal}")
-    torch.manual_seed(rng.randrange(2 ** 31))
+    rng = seeded("sinks", head_dim, causal)
     for dtype in (BF16, FP16):
         run_case(dtype, causal, dict(random_case(rng, head_dim), sinks=True))
 
@@ -264,8 +270,7 @@ def test_sinks_against_float64(gpu, head_dim, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
 def test_windows_against_float64(gpu, head_dim, causal):
-    rng = random.Random(f"flash3 windows {head_dim} {causal}")
-    torch.manual_seed(rng.randrange(2 ** 31))
+    rng = seeded("windows", head_dim, causal)
     for dtype in (BF16, FP16):
         for window in ((0, 0), (rng.randint(1, 200), rng.choice([-1, 0, rng.randint(1, 100)])),
                        (-1, rng.randint(0, 300))):
@@ -277,8 +282,7 @@ def test_windows_against_float64(gpu, head_dim, causal):
 def test_softcap_against_float64(gpu, head_dim, causal):
     # Caps that bend the scores (scale 2/sqrt(d): scores of a few units) and
     # that barely do, with windows, sinks and rows that see no key.
-    rng = random.Random(f"flash3 softcap {head_dim} {causal}")
-    torch.manual_seed(rng.randrange(2 ** 31))
+    rng = seeded("softcap", head_dim, causal)
     for dtype in (BF16, FP16):
         for softcap in (1.0, rng.uniform(2.0, 10.0), 50.0):
             window = rng.choice([(-1, -1), (rng.randint(0, 200), rng.choice([-1, rng.randint(0, 100)]))])
