@@ -39,7 +39,7 @@ struct FwdTraits {
   // consumers issue the TMA loads themselves, between their GEMMs.
   static constexpr bool kWarpSpecialized = kVariant.warp_specialization;
 
-  static constexpr TileSize kTile = tile_size(kHeadDim, kFp8, kWindow);
+  static constexpr TileSize kTile = tile_size(kHeadDim, kFp8, kWindow || (kPacked && kCausal));
   // OnlineSoftmax's lazy row max, where skipping O's rescale (d/2 multiplies
   // per thread and key block) pays for the check: from head dim 128 on.
   static constexpr bool kLazyRowMax = !kFp8 && kHeadDim >= 128;
