@@ -25,6 +25,7 @@ using flash3::ForwardArgs;
 using flash3::KernelOptions;
 using flash3::MutableTensor;
 using flash3::QuantizeArgs;
+using flash3::Varlen;
 using flash3::Status;
 
 // Copies `text` into the caller's buffer, truncated to fit and NUL-terminated;
