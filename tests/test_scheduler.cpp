@@ -601,7 +601,10 @@ struct Varlen {
     order.num_heads = heads;
     order.block_m = 128;
     order.block_n = 176;
-    order.build(0, 1, [] {});
+    // An L2 that holds every head of these sequences: one section each.
+    order.kv_bytes_per_key = 512;
+    order.l2_bytes = int64_t(50) << 20;
+    order.build_on_host();
   }
 };
 
@@ -658,12 +661,39 @@ TEST(VarlenTileOrder, SequencesWithMoreKeyBlocksFirst) {
 
 // Sequences longer than kMaxKeyBlocks key blocks share the first slots.
 TEST(VarlenTileOrder, LongSequencesShareTheTopCount) {
-  int const top = flash3::VarlenTileTable::kMaxKeyBlocks * 176;
+  int const top = flash3::VarlenTileOrder::kMaxKeyBlocks * 176;
   Varlen v({300, 200, 100}, {top + 5000, 1000, top + 1}, 1, false);
   EXPECT_EQ(v.workspace[0], 0);
   EXPECT_EQ(v.workspace[1], 2);
   EXPECT_EQ(v.workspace[2], 1);
   EXPECT_EQ(v.order.num_tiles(), 3 + 1 + 2);
+}
+
+// Within a sequence, the tiles a fixed-length batch of that sequence alone
+// has, in its order (TileOrder: L2 sections of heads, causal longest first).
+TEST(VarlenTileOrder, EachSequenceInItsTileOrder) {
+  for (bool causal : {false, true}) {
+    Varlen v({5000, 700, 3000}, {9000, 700, 3000}, 16, false);
+    v.order.causal = causal;
+    v.order.kv_bytes_per_key = 512;
+    v.order.l2_bytes = int64_t(4) << 20;  // a few heads a section
+    v.order.num_ctas = 132;
+    v.order.build_on_host();
+    int i = 0;
+    for (int b : {0, 2, 1}) {
+      int const len_q = b == 0 ? 5000 : b == 1 ? 700 : 3000, len_k = b == 0 ? 9000 : len_q;
+      TileOrder const alone = TileOrder::make((len_q + 127) / 128, 16, 1, 512 * int64_t(len_k), int64_t(4) << 20,
+                                              causal, 132);
+      EXPECT_GT(alone.heads_per_section, 0);
+      for (int t = 0; t < alone.num_tiles(); ++t, ++i) {
+        TileCoord const want = alone.tile(t), got = v.order.tile(i);
+        ASSERT_EQ(got.batch, b) << "tile " << i;
+        ASSERT_EQ(got.head, want.head) << "tile " << i;
+        ASSERT_EQ(got.m_block, want.m_block) << "tile " << i;
+      }
+    }
+    EXPECT_EQ(i, v.order.num_tiles());
+  }
 }
 
 TEST(VarlenTileOrder, EmptyBatchesAndSequences) {

@@ -25,11 +25,14 @@ struct VarlenTileScheduler {
 
   class Launch {
    public:
-    // `order` without its table, which is built here. max_tiles bounds the
-    // tiles (every sequence as long as the longest).
+    // `order` without its table, which is built here, nor the L2 and grid
+    // its sections need. max_tiles bounds the tiles (every sequence as long
+    // as the longest).
     cudaError_t prepare(VarlenTileOrder order, int max_tiles, DeviceInfo const& device, int* given_counter,
                         cudaStream_t stream) {
       grid_ = std::max(1, std::min(max_tiles, device.num_sms));
+      order.l2_bytes = device.l2_bytes;
+      order.num_ctas = grid_;
       size_t const bytes = size_t(VarlenTileTable::table_ints(order.batch)) * sizeof(int);
       cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&table_), bytes, stream);
       if (err != cudaSuccess) return err;

@@ -4,9 +4,11 @@
 // covers padding; a tile's cost grows with its sequence's keys, so handing
 // out the sequences with the most key blocks first leaves short tiles for
 // the end of the grid (longest processing time first, as TileOrder does for
-// the causal mask). The lengths live in device memory: the table is built
-// on the device before the main kernel (build_varlen_tiles: one CTA; the
-// same code runs on the host in the CPU tests) and read by the scheduler.
+// the causal mask). Within a sequence the tiles follow TileOrder, as a
+// fixed-length batch of that one sequence would: heads in L2 sections, query
+// blocks from the last. The lengths live in device memory: the table is
+// built on the device before the main kernel (build_varlen_tiles) and read
+// by the scheduler; build_on_host() builds the same table in the CPU tests.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -37,24 +39,21 @@ struct SequenceLengths {
   FLASH3_HOST_DEVICE bool packed() const { return cu_seqlens_q != nullptr; }
 };
 
-// The table, in a workspace of 2 * batch + num_keys ints (table_ints()):
-// order[s] is the sequence in slot s (slots by descending key blocks, ties by
-// index), tile_end[s] the tiles of slots 0 .. s (all heads).
+// The table, in a workspace of table_ints() ints: order[s] is the sequence in
+// slot s (slots by descending key blocks, ties by index), tile_end[s] the
+// tiles of slots 0 .. s (all heads), sections[s] the heads per L2 section of
+// slot s's sequence (TileOrder::heads_per_section).
 struct VarlenTileTable {
   int* order = nullptr;
   int* tile_end = nullptr;
-  int* counts = nullptr;  // scratch of the build: sequences per key-block count
+  int* sections = nullptr;
 
-  // The largest key-block count sorted apart; longer sequences share its
-  // slot range (still ahead of every shorter one). Bounds the scratch, since
-  // the lengths themselves are not known on the host.
-  static constexpr int kMaxKeyBlocks = 4096;
-  static constexpr int64_t table_ints(int batch) { return 2 * int64_t(batch) + kMaxKeyBlocks + 1; }
+  static constexpr int64_t table_ints(int batch) { return 3 * int64_t(batch); }
   static VarlenTileTable in(int* workspace, int batch) {
     VarlenTileTable t;
     t.order = workspace;
     t.tile_end = workspace + batch;
-    t.counts = workspace + 2 * batch;
+    t.sections = workspace + 2 * batch;
     return t;
   }
 };
@@ -66,47 +65,49 @@ struct VarlenTileOrder {
   int num_heads = 0;
   int block_m = 0;
   int block_n = 0;
+  // TileOrder's L2 sections of one sequence: K and V bytes one query head
+  // reads per key, the L2, the mask, the grid.
+  int64_t kv_bytes_per_key = 0;
+  int64_t l2_bytes = 0;
+  bool causal = false;
+  int num_ctas = 1;
+
+  // Sequences of more key blocks than this sort as this many; their order
+  // among themselves is by index (the device build's counting sort has a
+  // bucket per count).
+  static constexpr int kMaxKeyBlocks = 4096;
 
   FLASH3_HOST_DEVICE int m_blocks(int b) const { return div_up(lengths.q(b) > 0 ? lengths.q(b) : 0, block_m); }
-  FLASH3_HOST_DEVICE int key_blocks(int b) const {
+  FLASH3_HOST_DEVICE int sort_key(int b) const {
     int const n = div_up(lengths.k(b) > 0 ? lengths.k(b) : 0, block_n);
-    return n < VarlenTileTable::kMaxKeyBlocks ? n : VarlenTileTable::kMaxKeyBlocks;
+    return n < kMaxKeyBlocks ? n : kMaxKeyBlocks;
+  }
+  // Sequence b's tiles as a fixed-length batch of it alone would have them.
+  FLASH3_HOST_DEVICE TileOrder sequence_order(int b) const {
+    int64_t const keys = lengths.k(b) > 0 ? lengths.k(b) : 0;
+    return TileOrder::make(m_blocks(b), num_heads, 1, kv_bytes_per_key * keys, l2_bytes, causal, num_ctas);
   }
 
-  // The build, by `threads` threads of one CTA (thread `t`), or by one on the
-  // host; `sync` separates its phases (__syncthreads on the device). A
-  // counting sort by descending key blocks, then the tiles' prefix sums.
-  template <class Sync>
-  FLASH3_HOST_DEVICE void build(int t, int threads, Sync sync) const {
-    int* counts = table.counts;
-    for (int i = t; i <= VarlenTileTable::kMaxKeyBlocks; i += threads) counts[i] = 0;
-    sync();
-    // Each count's first slot: the sequences with more key blocks come first.
-    if (t == 0) {
-      for (int b = 0; b < batch; ++b) ++counts[key_blocks(b)];
-      int slot = 0;
-      for (int n = VarlenTileTable::kMaxKeyBlocks; n >= 0; --n) {
-        int const c = counts[n];
-        counts[n] = slot;
-        slot += c;
-      }
-      // Ties keep the sequences' order: one thread places them.
-      for (int b = 0; b < batch; ++b) table.order[counts[key_blocks(b)]++] = b;
-      int tiles = 0;
-      for (int s = 0; s < batch; ++s) {
-        tiles += m_blocks(table.order[s]) * num_heads;
-        table.tile_end[s] = tiles;
+  // The table as the device builds it, by one host thread (a stable sort by
+  // descending sort_key, then the prefix sums).
+  void build_on_host() const {
+    for (int s = 0, slot = 0; s <= kMaxKeyBlocks; ++s) {
+      for (int b = 0; b < batch; ++b) {
+        if (sort_key(b) == kMaxKeyBlocks - s) table.order[slot++] = b;
       }
     }
-    sync();
+    for (int s = 0, tiles = 0; s < batch; ++s) {
+      int const b = table.order[s];
+      tiles += m_blocks(b) * num_heads;
+      table.tile_end[s] = tiles;
+      table.sections[s] = sequence_order(b).heads_per_section;
+    }
   }
 
   FLASH3_HOST_DEVICE int num_tiles() const { return batch > 0 ? table.tile_end[batch - 1] : 0; }
 
-  // Tile `index` (< num_tiles()): its slot by binary search over tile_end;
-  // within a sequence, its last query block first (with the causal mask the
-  // one that sees the most keys), heads fastest so that CTAs side by side
-  // read the same K and V.
+  // Tile `index` (< num_tiles()): its slot by binary search over tile_end,
+  // then its place in its sequence's TileOrder.
   FLASH3_HOST_DEVICE TileCoord tile(int index) const {
     int lo = 0, hi = batch - 1;
     while (lo < hi) {
@@ -115,11 +116,16 @@ struct VarlenTileOrder {
       else lo = mid + 1;
     }
     int const b = table.order[lo];
-    int const within = index - (lo > 0 ? table.tile_end[lo - 1] : 0);
-    TileCoord c;
+    int const first = lo > 0 ? table.tile_end[lo - 1] : 0;
+    TileOrder within;
+    within.num_m_blocks = table.tile_end[lo] - first;
+    within.num_m_blocks /= num_heads;
+    within.num_heads = num_heads;
+    within.num_batch = 1;
+    within.heads_per_section = table.sections[lo];
+    within.total_tiles = within.num_m_blocks * num_heads;
+    TileCoord c = within.tile(index - first);
     c.batch = b;
-    c.head = within % num_heads;
-    c.m_block = m_blocks(b) - 1 - within / num_heads;
     return c;
   }
 };

@@ -79,6 +79,8 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
       order.num_heads = int(a.heads_q);
       order.block_m = Traits::kBlockM;
       order.block_n = Traits::kBlockN;
+      order.kv_bytes_per_key = 2 * a.head_dim * int64_t(sizeof(typename Traits::Element)) / (a.heads_q / a.heads_kv);
+      order.causal = Traits::kCausal;
       int64_t const max_tiles = int64_t(num_m_blocks) * a.heads_q * a.batch;
       err = launch.prepare(order, int(std::min<int64_t>(max_tiles, INT_MAX)), device, a.tile_counter, stream);
     } else {
