@@ -594,7 +594,10 @@ struct Varlen {
       used_q.push_back(len_q[b]);
       used_k.push_back(len_k[b]);
     }
-    workspace.assign(flash3::VarlenTileTable::table_ints(batch), -7);
+    int total_q = 0;
+    for (int n : len_q) total_q += n;
+    int64_t const max_tiles = flash3::VarlenTileTable::max_tiles_of(total_q, 1 << 20, batch, heads, 128);
+    workspace.assign(flash3::VarlenTileTable::table_ints(batch, max_tiles), -7);
     order.table = flash3::VarlenTileTable::in(workspace.data(), batch);
     order.lengths = {cu_q.data(), cu_k.data(), seqused ? used_q.data() : nullptr, seqused ? used_k.data() : nullptr};
     order.batch = batch;
@@ -631,8 +634,9 @@ TEST(VarlenTileOrder, EveryTileOfEverySequenceOnce) {
     }
     ASSERT_EQ(v.order.num_tiles(), int(want.size()));
     for (int i = 0; i < v.order.num_tiles(); ++i) {
-      TileCoord const c = v.order.tile(i);
+      TileCoord const c = v.order.tile(i), expanded = v.order.table.tiles[i];
       EXPECT_TRUE(got.insert({c.batch, c.head, c.m_block}).second) << "tile " << i << " twice";
+      EXPECT_EQ(std::tuple(expanded.batch, expanded.head, expanded.m_block), std::tuple(c.batch, c.head, c.m_block));
     }
     EXPECT_EQ(got, want);
   }

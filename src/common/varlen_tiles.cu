@@ -3,7 +3,7 @@
 // every thread, the stable placement and the tiles' prefix sums by warp 0,
 // 32 sequences a step (sequences with equal keys take consecutive slots in
 // index order, found with __match_any_sync), and its groups of equal
-// lengths.
+// lengths. Then a grid expands the tiles' coordinates.
 #include <cub/block/block_scan.cuh>
 
 #include "common/varlen_tiles.h"
@@ -85,10 +85,20 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(VarlenTileOrder co
   }
 }
 
+constexpr int kExpandThreads = 256;
+
+__global__ void __launch_bounds__(kExpandThreads) expand_kernel(VarlenTileOrder const order) {
+  int const i = int(blockIdx.x) * kExpandThreads + int(threadIdx.x);
+  if (i < order.num_tiles()) order.table.tiles[i] = order.tile(i);
+}
+
 }  // namespace
 
-cudaError_t build_varlen_tiles(VarlenTileOrder const& order, cudaStream_t stream) {
+cudaError_t build_varlen_tiles(VarlenTileOrder const& order, int64_t max_tiles, cudaStream_t stream) {
   build_kernel<<<1, kBuildThreads, 0, stream>>>(order);
+  if (max_tiles > 0) {
+    expand_kernel<<<unsigned((max_tiles + kExpandThreads - 1) / kExpandThreads), kExpandThreads, 0, stream>>>(order);
+  }
   return cudaGetLastError();
 }
 

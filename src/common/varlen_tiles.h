@@ -45,23 +45,39 @@ struct SequenceLengths {
 // and query blocks form a group, whose tiles are ordered together as one
 // fixed-length batch of them (TileOrder): group_first[s] is the first slot
 // of slot s's group, and at a group's first slot g, group_size[g] its slots
-// and sections[g] its TileOrder::heads_per_section.
+// and sections[g] its TileOrder::heads_per_section. tiles[i] is tile i's
+// coordinates, expanded from the rest by every thread of a grid: the
+// persistent kernel's producer then finds its next tile in one load, not a
+// search (between two short tiles, where its latency would be exposed).
 struct VarlenTileTable {
   int* order = nullptr;
   int* tile_end = nullptr;
   int* group_first = nullptr;
   int* group_size = nullptr;
   int* sections = nullptr;
+  TileCoord* tiles = nullptr;
 
-  static constexpr int64_t table_ints(int batch) { return 5 * int64_t(batch); }
+  // max_tiles bounds the tiles (max_tiles_of()).
+  static constexpr int64_t table_ints(int batch, int64_t max_tiles) {
+    return 5 * int64_t(batch) + 3 * max_tiles;
+  }
   static VarlenTileTable in(int* workspace, int batch) {
+    static_assert(sizeof(TileCoord) == 3 * sizeof(int));
     VarlenTileTable t;
     t.order = workspace;
     t.tile_end = workspace + batch;
     t.group_first = workspace + 2 * batch;
     t.group_size = workspace + 3 * batch;
     t.sections = workspace + 4 * batch;
+    t.tiles = reinterpret_cast<TileCoord*>(workspace + 5 * int64_t(batch));
     return t;
+  }
+  // The most tiles `batch` sequences of `total_q` rows in all, none longer
+  // than seqlen_q, can have: each has at most rows / block_m + 1 blocks.
+  static constexpr int64_t max_tiles_of(int64_t total_q, int64_t seqlen_q, int batch, int heads, int block_m) {
+    int64_t const by_total = (total_q / block_m + batch) * heads;
+    int64_t const by_longest = (seqlen_q + block_m - 1) / block_m * heads * batch;
+    return by_total < by_longest ? by_total : by_longest;
   }
 };
 
@@ -101,7 +117,7 @@ struct VarlenTileOrder {
   }
 
   // The table as the device builds it, by one host thread (a stable sort by
-  // descending sort_key, the prefix sums, the groups).
+  // descending sort_key, the prefix sums, the groups, the tiles).
   void build_on_host() const {
     for (int s = 0, slot = 0; s <= kMaxKeyBlocks; ++s) {
       for (int b = 0; b < batch; ++b) {
@@ -121,12 +137,14 @@ struct VarlenTileOrder {
         table.sections[g] = group_sections(table.order[g], s - g + 1);
       }
     }
+    for (int i = 0; i < num_tiles(); ++i) table.tiles[i] = tile(i);
   }
 
   FLASH3_HOST_DEVICE int num_tiles() const { return batch > 0 ? table.tile_end[batch - 1] : 0; }
 
-  // Tile `index` (< num_tiles()): its slot by binary search over tile_end,
-  // then its place in its group's TileOrder.
+  // Tile `index` (< num_tiles()), from the rest of the table (the expansion
+  // into tiles[]): its slot by binary search over tile_end, then its place
+  // in its group's TileOrder.
   FLASH3_HOST_DEVICE TileCoord tile(int index) const {
     int lo = 0, hi = batch - 1;
     while (lo < hi) {
@@ -149,8 +167,9 @@ struct VarlenTileOrder {
   }
 };
 
-// Builds `order`'s table (its workspace allocated by the caller) on
-// `stream`, one CTA, before the kernel that reads it.
-cudaError_t build_varlen_tiles(VarlenTileOrder const& order, cudaStream_t stream);
+// Builds `order`'s table (its workspace allocated by the caller, for at most
+// max_tiles tiles) on `stream` before the kernel that reads it: one CTA, then
+// the tiles' expansion by a grid.
+cudaError_t build_varlen_tiles(VarlenTileOrder const& order, int64_t max_tiles, cudaStream_t stream);
 
 }  // namespace flash3
