@@ -173,7 +173,7 @@ def backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, de
     _pack_backward(args, 0, DTYPES[q.dtype], b, sq, k.shape[1], hq, k.shape[2], d, *_ref(q), *_ref(k), *_ref(v),
                    *_ref(out), *_ref(dout), lse.data_ptr(), *_ref(dq), *_ref(dk), *_ref(dv), softmax_scale, causal,
                    *mask, 0 if sinks is None else sinks.data_ptr(), 0 if dsinks is None else dsinks.data_ptr(),
-                   deterministic, 0)
+                   deterministic, *_NO_VARLEN, 0)
     return args
 
 
@@ -202,6 +202,18 @@ def varlen_forward_args(q, k, v, out, lse, softmax_scale, causal, counter, varle
                   *_packed_ref(out), 0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
                   0 if sinks is None else sinks.data_ptr(), *_NO_FP8, *fields, *_ALL_ON,
                   0 if counter is None else counter.data_ptr())
+    return args
+
+
+def varlen_backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, varlen,
+                         sinks=None, dsinks=None, mask=_NO_MASK):
+    """BackwardArgs of packed sequences, without a workspace."""
+    args = _abi.BackwardArgs()
+    sizes, fields = _varlen_fields(q, k, varlen)
+    _pack_backward(args, 0, DTYPES[q.dtype], *sizes, *_packed_ref(q), *_packed_ref(k), *_packed_ref(v),
+                   *_packed_ref(out), *_packed_ref(dout), lse.data_ptr(), *_packed_ref(dq), *_packed_ref(dk),
+                   *_packed_ref(dv), softmax_scale, causal, *mask, 0 if sinks is None else sinks.data_ptr(),
+                   0 if dsinks is None else dsinks.data_ptr(), deterministic, *fields, 0)
     return args
 
 

@@ -115,6 +115,31 @@ def test_forward_args_by_field_name():
     assert (a.fp8.q, a.fp8.k, a.fp8.v) == tuple(s.data_ptr() for s in scales)
 
 
+def _packed_ref_matches(ref, t):
+    return (ref.data, ref.batch_stride, ref.seq_stride, ref.head_stride, ref.dim_stride) == (t.data_ptr(), 0,
+                                                                                                *t.stride())
+
+
+def _varlen_inputs():
+    q, k = torch.empty(30, 6, 64, dtype=torch.bfloat16), torch.empty(50, 3, 64, dtype=torch.bfloat16)
+    cu_q, cu_k = torch.tensor([0, 10, 30], dtype=torch.int32), torch.tensor([0, 20, 48], dtype=torch.int32)
+    used_k = torch.tensor([20, 25], dtype=torch.int32)
+    return q, k, (cu_q, cu_k, None, used_k, 20, 28)
+
+
+def test_varlen_forward_args_by_field_name():
+    q, k, varlen = _varlen_inputs()
+    out, lse = torch.empty_like(q), torch.empty(6, 30)
+    a = _ops.varlen_forward_args(q, k, k, out, lse, 0.25, True, None, varlen)
+    assert _sizes(a) == (_abi.BF16, 2, 20, 28, 6, 3, 64)
+    for ref, t in ((a.q, q), (a.k, k), (a.v, k), (a.o, out)):
+        assert _packed_ref_matches(ref, t)
+    assert (a.varlen.cu_seqlens_q, a.varlen.cu_seqlens_k, a.varlen.seqused_q, a.varlen.seqused_k) == (
+        varlen[0].data_ptr(), varlen[1].data_ptr(), None, varlen[3].data_ptr())
+    assert (a.varlen.total_q, a.varlen.total_k, a.lse, a.causal, a.tile_counter) == (30, 50, lse.data_ptr(), True,
+                                                                                    None)
+
+
 def test_backward_args_by_field_name():
     q, dout = torch.empty(1, 4, 8, 128, dtype=torch.float16), torch.empty(1, 4, 8, 128, dtype=torch.float16)
     k, v = torch.empty(1, 6, 2, 128, dtype=torch.float16), torch.empty(1, 6, 2, 128, dtype=torch.float16)
