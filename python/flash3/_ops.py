@@ -166,7 +166,7 @@ def backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, de
     _pack_backward(args, 0, DTYPES[q.dtype], b, sq, k.shape[1], hq, k.shape[2], d, *_ref(q), *_ref(k), *_ref(v),
                    *_ref(out), *_ref(dout), lse.data_ptr(), *_ref(dq), *_ref(dk), *_ref(dv), softmax_scale, causal,
                    *mask, 0 if sinks is None else sinks.data_ptr(), 0 if dsinks is None else dsinks.data_ptr(),
-                   deterministic, 0)
+                   deterministic, *_NO_VARLEN, 0)
     return args
 
 

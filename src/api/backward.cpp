@@ -11,6 +11,15 @@
 #include "flash3/flash3.h"
 
 namespace flash3 {
+namespace {
+
+// Packed sequences with no query row (total_q 0), whatever seqlen_q says.
+bool no_packed_query(BackwardArgs const& a) {
+  return a.varlen.cu_seqlens_q != nullptr && a.varlen.total_q == 0;
+}
+bool no_packed_key(BackwardArgs const& a) { return a.varlen.cu_seqlens_q != nullptr && a.varlen.total_k == 0; }
+
+}  // namespace
 
 Status backward_workspace_size(BackwardArgs const& a, size_t* bytes) {
   if (bytes == nullptr) return checks::invalid("bytes: null pointer");
@@ -20,10 +29,9 @@ Status backward_workspace_size(BackwardArgs const& a, size_t* bytes) {
       !s.ok()) {
     return s;
   }
-  if (a.batch == 0 || a.seqlen_q == 0) return Status();  // no query: no dQ, LSE or dK/dV sums to hold
-  *bytes = bwd::workspace_layout(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim, a.causal,
-                                 a.deterministic)
-               .bytes;
+  if (Status s = checks::varlen(a.varlen); !s.ok()) return s;
+  if (a.batch == 0 || a.seqlen_q == 0 || no_packed_query(a)) return Status();  // no query: nothing to hold
+  *bytes = bwd::workspace_layout_of(a).bytes;
   return Status();
 }
 
@@ -35,16 +43,20 @@ size_t backward_workspace_size(BackwardArgs const& a) {
 Status backward(BackwardArgs const& args, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
   // No query row: the sinks' gradient is zero.
-  if (args.dsinks != nullptr && (args.batch == 0 || args.seqlen_q == 0)) {
+  if (args.dsinks != nullptr && (args.batch == 0 || args.seqlen_q == 0 || no_packed_query(args))) {
     if (cudaError_t const err = cudaMemsetAsync(args.dsinks, 0, size_t(args.heads_q) * sizeof(float), stream);
         err != cudaSuccess) {
       return Status(Status::Code::kCudaError, std::string("backward: dsinks: ") + cudaGetErrorString(err));
     }
   }
   // No gradient to write: a no-op, even without a device.
-  if (args.batch == 0 || (args.seqlen_q == 0 && args.seqlen_k == 0)) return Status();
+  bool const no_query = args.seqlen_q == 0 || no_packed_query(args);
+  if (args.batch == 0 || (no_query && (args.seqlen_k == 0 || no_packed_key(args)))) return Status();
   DeviceInfo device;
   if (Status s = query_device(device); !s.ok()) return s;
+  if (args.varlen.cu_seqlens_q != nullptr) {
+    return Status(Status::Code::kUnsupported, "varlen: the backward's packed kernels are not built yet");
+  }
 #define FLASH3_BWD_INSTANCE(DTYPE, HEAD_DIM, SOFTCAP)                                      \
   if (args.dtype == DType::DTYPE && args.head_dim == HEAD_DIM && (args.softcap != 0.f) == SOFTCAP) { \
     return bwd::run_backward_instance<DType::DTYPE, HEAD_DIM, SOFTCAP>(args, device, stream);       \
