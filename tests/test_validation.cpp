@@ -387,6 +387,18 @@ TEST(BackwardValidation, TileCountsDoNotWrap) {
       "batch");
 }
 
+// The grids' y and z extents bound the query heads and the batch (packed
+// sequences: the sequences); the workspace size query says so too.
+TEST(BackwardValidation, GridExtents) {
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.batch = 65536; }, "batch");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.heads_q = a.heads_kv = 65536; }, "heads_q");
+  flash3::BackwardArgs a = valid_backward_args();
+  a.batch = 65536;
+  size_t bytes = 1;
+  EXPECT_EQ(flash3::backward_workspace_size(a, &bytes).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(bytes, 0u);
+}
+
 TEST(BackwardValidation, TensorsOfTheBackward) {
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.o.data = nullptr; }, "o.data");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.dout.data = nullptr; }, "dout.data");

@@ -29,6 +29,7 @@ Status backward_workspace_size(BackwardArgs const& a, size_t* bytes) {
       !s.ok()) {
     return s;
   }
+  if (Status s = checks::backward_grid(a.batch, a.heads_q); !s.ok()) return s;
   if (Status s = checks::varlen(a.varlen); !s.ok()) return s;
   if (a.batch == 0 || a.seqlen_q == 0 || no_packed_query(a)) return Status();  // no query: nothing to hold
   *bytes = bwd::workspace_layout_of(a).bytes;

@@ -133,6 +133,15 @@ inline Status scale(char const* name, float const* scale) {
   return Status();
 }
 
+// The backward's grids hold the batch (packed sequences: the sequences) and
+// the query heads on CUDA's z and y axes, at most 65535 each.
+inline Status backward_grid(int64_t batch, int64_t heads_q) {
+  constexpr int64_t kMaxGridYZ = 65535;
+  if (batch > kMaxGridYZ) return invalid("batch: the backward takes at most 65535, got " + std::to_string(batch));
+  if (heads_q > kMaxGridYZ) return invalid("heads_q: the backward takes at most 65535, got " + std::to_string(heads_q));
+  return Status();
+}
+
 // Packed sequences' host-side arguments, both passes (the device arrays are
 // trusted). Without cu_seqlens_q the other arrays are refused (a caller
 // who meant packed sequences would otherwise get fixed-length results).

@@ -130,6 +130,7 @@ Status validate(BackwardArgs const& a) {
     return invalid("dtype: the backward pass supports kBF16 and kFP16");
   }
   if (Status s = check_problem(a); !s.ok()) return s;
+  if (Status s = checks::backward_grid(a.batch, a.heads_q); !s.ok()) return s;
   if (a.dsinks != nullptr && a.sinks == nullptr) return invalid("dsinks: given without sinks");
   for (auto const& [name, p] : {std::pair<char const*, void const*>{"sinks", a.sinks}, {"dsinks", a.dsinks}}) {
     if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) return invalid(std::string(name) + ": must be 4-byte aligned");
