@@ -15,6 +15,7 @@
 #include "common/registers.h"
 #include "common/tile_scheduler.h"
 #include "common/varlen_tiles.h"
+#include "bwd/sequence.h"
 #include "bwd/tail_split.h"
 #include "bwd/workspace.h"
 #include "fwd/block_range.h"
@@ -726,6 +727,40 @@ TEST(VarlenTileOrder, EmptyBatchesAndSequences) {
   EXPECT_EQ(none.order.num_tiles(), 0);
   Varlen keyless({1, 300}, {0, 0}, 2, true);
   EXPECT_EQ(keyless.order.num_tiles(), 2 * (1 + 3));
+}
+
+// Packed sequences' workspace rows (bwd/workspace.h): each sequence's
+// blocks start past the previous sequence's, all within the bound the host
+// computes from total_q and the batch, and each block maps back to its
+// sequence (the preprocess's search, bwd/sequence.h).
+TEST(BackwardVarlen, WorkspaceBlocksOfEachSequence) {
+  std::mt19937 rng(34);
+  for (int trial = 0; trial < 300; ++trial) {
+    int const block_m = trial % 2 ? 64 : 128;
+    int const batch = 1 + int(rng() % 12);
+    std::vector<int32_t> cu{0};
+    for (int b = 0; b < batch; ++b) {
+      int const kind = int(rng() % 4);  // empty, shorter than a block, a few blocks, a multiple of one
+      int const len = kind == 0 ? 0 : kind == 1 ? 1 + int(rng() % (block_m - 1)) : kind == 2 ? int(rng() % 700)
+                                                                                             : block_m * int(1 + rng() % 4);
+      cu.push_back(cu.back() + len);
+    }
+    int const total_q = cu.back() + int(rng() % 3);  // rows past the last sequence too
+    flash3::SequenceLengths const lengths{cu.data(), cu.data(), nullptr, nullptr};
+    int64_t const blocks = flash3::bwd::packed_row_blocks(total_q, batch, block_m);
+    EXPECT_LE(blocks * block_m, int64_t(total_q) + int64_t(batch) * block_m);
+    int64_t end = 0;  // one past the previous sequence's last block
+    for (int b = 0; b < batch; ++b) {
+      int64_t const first = flash3::bwd::packed_first_block(cu[b], b, block_m);
+      int64_t const own = flash3::div_up(cu[b + 1] - cu[b], block_m);
+      EXPECT_GE(first, end) << "sequence " << b;
+      end = first + own;
+      for (int64_t block = first; block < end; ++block) {
+        EXPECT_EQ(flash3::bwd::sequence_of_block(lengths, batch, int(block), block_m), b) << "block " << block;
+      }
+    }
+    EXPECT_LE(end, blocks);
+  }
 }
 
 }  // namespace

@@ -228,7 +228,8 @@ struct BackwardArgs {
   ConstTensor v;     // [batch, seqlen_k, heads_kv, head_dim]
   ConstTensor o;     // [batch, seqlen_q, heads_q, head_dim]
   ConstTensor dout;  // [batch, seqlen_q, heads_q, head_dim]: dLoss/dO
-  // The forward's LSE: float32 [batch, heads_q, seqlen_q], contiguous.
+  // The forward's LSE: float32 [batch, heads_q, seqlen_q], contiguous
+  // (packed sequences: [heads_q, total_q]).
   const float* lse = nullptr;
 
   // Outputs in `dtype`. With GQA/MQA, dK and dV are summed over the query
@@ -256,6 +257,12 @@ struct BackwardArgs {
   // fixes the order, so runs are bitwise identical, at some speed.
   bool deterministic = false;
 
+  // Packed sequences, as in ForwardArgs (the tensors one batch entry of
+  // total_q or total_k rows), or none. Rows of a sequence past its seqused
+  // take no part: their dQ, dK and dV rows are written as zeros. Rows past
+  // cu_seqlens[batch] belong to no sequence and are not written.
+  Varlen varlen;
+
   // Scratch memory of backward_workspace_size(args) bytes, 256-byte aligned,
   // owned by the caller (e.g. allocated once outside a captured CUDA graph).
   // nullptr: backward() allocates and frees it on `stream` (stream-ordered
@@ -264,8 +271,10 @@ struct BackwardArgs {
 };
 
 // Bytes of workspace backward() needs for these sizes, mask and mode, in
-// *bytes: 0 when there is no query (batch or seqlen_q 0). The same on every
-// device. Reads only the sizes, head dim, causal and deterministic; when the
+// *bytes: 0 when there is no query (batch or seqlen_q 0, or packed sequences'
+// total_q 0). The same on every device. Reads only the sizes, head dim,
+// causal, deterministic and, for packed sequences, batch, varlen.total_q and
+// varlen.total_k (never the device arrays); when the
 // sizes or head dim are invalid, returns kInvalidArgument naming the argument
 // (as validate() would) and sets *bytes to 0.
 Status backward_workspace_size(const BackwardArgs& args, size_t* bytes);

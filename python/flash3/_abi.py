@@ -105,6 +105,7 @@ class BackwardArgs(ctypes.Structure):
         ("sinks", ctypes.c_void_p),
         ("dsinks", ctypes.c_void_p),
         ("deterministic", ctypes.c_bool),
+        ("varlen", Varlen),
         ("workspace", ctypes.c_void_p),
     ]
 

@@ -27,6 +27,7 @@ using flash3::MutableTensor;
 using flash3::QuantizeArgs;
 using flash3::Varlen;
 using flash3::Status;
+using flash3::Varlen;
 
 // Copies `text` into the caller's buffer, truncated to fit and NUL-terminated;
 // a NULL or empty buffer takes nothing. Allocates nothing, so it cannot throw.
@@ -137,7 +138,8 @@ constexpr Field kBackwardArgs[] = {
     FLASH3_FIELD(BackwardArgs, window_left),     FLASH3_FIELD(BackwardArgs, window_right),
     FLASH3_FIELD(BackwardArgs, softcap),         FLASH3_FIELD(BackwardArgs, sinks),
     FLASH3_FIELD(BackwardArgs, dsinks),
-    FLASH3_FIELD(BackwardArgs, deterministic),   FLASH3_FIELD(BackwardArgs, workspace)};
+    FLASH3_FIELD(BackwardArgs, deterministic),   FLASH3_NESTED(BackwardArgs, varlen, kVarlen),
+    FLASH3_FIELD(BackwardArgs, workspace)};
 
 constexpr Field kQuantizeArgs[] = {
     FLASH3_FIELD(QuantizeArgs, dtype),            FLASH3_FIELD(QuantizeArgs, batch),

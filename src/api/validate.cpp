@@ -63,10 +63,9 @@ Status check_fp8(ForwardArgs const& a) {
   return Status();
 }
 
-// Packed sequences' host-side arguments; their device arrays are trusted.
+// The forward's packed kernels are built for bf16/fp16 with every option on.
 Status check_varlen(ForwardArgs const& a) {
-  Varlen const& v = a.varlen;
-  if (v.cu_seqlens_k == nullptr) return invalid("varlen.cu_seqlens_k: null pointer (needed with cu_seqlens_q)");
+  if (Status s = checks::varlen(a.varlen); !s.ok() || a.varlen.cu_seqlens_q == nullptr) return s;
   if (a.dtype == DType::kE4M3) {
     return Status(Status::Code::kUnsupported, "varlen: packed sequences take kBF16 or kFP16 (the FP8 forward takes "
                                               "fixed-length batches)");
@@ -74,16 +73,6 @@ Status check_varlen(ForwardArgs const& a) {
   if (!(a.options.pingpong && a.options.intra_warpgroup_overlap && a.options.warp_specialization &&
         a.options.persistent)) {
     return Status(Status::Code::kUnsupported, "varlen: packed sequences run with every KernelOption on");
-  }
-  for (auto const& [name, p] : {std::pair{"varlen.cu_seqlens_q", v.cu_seqlens_q},
-                                std::pair{"varlen.cu_seqlens_k", v.cu_seqlens_k},
-                                std::pair{"varlen.seqused_q", v.seqused_q}, std::pair{"varlen.seqused_k", v.seqused_k}}) {
-    if (reinterpret_cast<uintptr_t>(p) % alignof(int32_t) != 0) return invalid(std::string(name) + ": must be 4-byte aligned");
-  }
-  for (auto const& [name, total] : {std::pair{"varlen.total_q", v.total_q}, std::pair{"varlen.total_k", v.total_k}}) {
-    if (total < 0 || total > INT32_MAX) {
-      return invalid(std::string(name) + ": must be in [0, 2^31), got " + std::to_string(total));
-    }
   }
   return Status();
 }
@@ -112,12 +101,7 @@ Status validate(ForwardArgs const& a) {
     return Status(Status::Code::kUnsupported, fwd::kNoWindowWithOptions);
   }
   bool const packed = a.varlen.cu_seqlens_q != nullptr;
-  if (packed) {
-    if (Status s = check_varlen(a); !s.ok()) return s;
-  } else if (a.varlen.cu_seqlens_k != nullptr || a.varlen.seqused_q != nullptr || a.varlen.seqused_k != nullptr) {
-    return invalid("varlen.cu_seqlens_q: null pointer, but other varlen arrays given (packed sequences need both "
-                   "cu_seqlens)");
-  }
+  if (Status s = check_varlen(a); !s.ok()) return s;
   if (a.batch == 0 || a.seqlen_q == 0 || (packed && a.varlen.total_q == 0)) return Status();  // nothing to write
   int64_t const in_bytes = element_bytes(a.dtype);
   int64_t const out_bytes = element_bytes(fp8 ? a.fp8.out_dtype : a.dtype);
@@ -146,24 +130,30 @@ Status validate(BackwardArgs const& a) {
     return invalid("dtype: the backward pass supports kBF16 and kFP16");
   }
   if (Status s = check_problem(a); !s.ok()) return s;
+  if (Status s = checks::backward_grid(a.batch, a.heads_q); !s.ok()) return s;
   if (a.dsinks != nullptr && a.sinks == nullptr) return invalid("dsinks: given without sinks");
   for (auto const& [name, p] : {std::pair<char const*, void const*>{"sinks", a.sinks}, {"dsinks", a.dsinks}}) {
     if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) return invalid(std::string(name) + ": must be 4-byte aligned");
   }
-  if (a.batch == 0 || (a.seqlen_q == 0 && a.seqlen_k == 0)) return Status();  // no gradient to write
-  if (a.seqlen_q > 0) {
+  if (Status s = checks::varlen(a.varlen); !s.ok()) return s;
+  // Packed sequences: one batch entry of total rows (the LSE [heads_q, total_q]).
+  bool const packed = a.varlen.cu_seqlens_q != nullptr;
+  int64_t const entries = packed ? 1 : a.batch;
+  int64_t const rows_q = packed ? a.varlen.total_q : a.seqlen_q, rows_k = packed ? a.varlen.total_k : a.seqlen_k;
+  if (a.batch == 0 || (rows_q == 0 && rows_k == 0)) return Status();  // no gradient to write
+  if (rows_q > 0) {
     for (auto const& [name, t] : {std::pair{"q", a.q}, std::pair{"o", a.o}, std::pair{"dout", a.dout}}) {
-      if (Status s = checks::tensor(name, t, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
+      if (Status s = checks::tensor(name, t, entries, rows_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
     }
-    if (Status s = checks::output("dq", a.dq, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dq", a.dq, entries, rows_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
     if (a.lse == nullptr) return invalid("lse: null pointer (the forward's LSE is needed)");
     if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
   }
-  if (a.seqlen_k > 0) {
-    if (Status s = checks::tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::output("dk", a.dk, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::output("dv", a.dv, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+  if (rows_k > 0) {
+    if (Status s = checks::tensor("k", a.k, entries, rows_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::tensor("v", a.v, entries, rows_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dk", a.dk, entries, rows_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dv", a.dv, entries, rows_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
   }
   if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0) return invalid("workspace: must be 256-byte aligned");
   return Status();
