@@ -118,7 +118,9 @@ struct Fp8Scales {
 // cu_seqlens_q/k int32 [batch + 1], from 0, non-decreasing, up to total_q/k,
 // no sequence longer than seqlen_q/k; seqused_q/k (optional, int32 [batch])
 // the rows of sequence b that take part, its first seqused[b] (at most its
-// packed length): query rows past it are not written.
+// packed length): query rows past it are not written. The forward reads a
+// sequence's last key block whole (the scores past seqused_k masked): K and
+// V rows there must be finite.
 struct Varlen {
   const int32_t* cu_seqlens_q = nullptr;  // nullptr: fixed-length batches
   const int32_t* cu_seqlens_k = nullptr;

@@ -329,12 +329,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     int32 [batch + 1] on q's device. max_seqlen_q, max_seqlen_k: ints, the
     longest sequence's lengths. seqused_q, seqused_k (optional, int32
     [batch]): only the first seqused[b] rows of sequence b take part; query
-    rows past them are left unwritten (their gradients zero).
+    rows past them are left unwritten in out and lse, and every row past
+    them gets a zero gradient. Rows past cu_seqlens_*[batch] belong to no
+    sequence and are written by neither pass (out, lse, nor gradients).
 
     The device arrays are trusted, not read here (that would synchronize with
     the GPU): cu_seqlens_* must start at 0, not decrease, and end at most at
     total_q / total_k; no sequence may be longer than max_seqlen_*; seqused
     may not exceed its sequence's packed length. Anything else is undefined.
+    The forward reads the keys and values of a sequence's last block whole,
+    past its seqused_k (their scores masked): those rows must be finite.
 
     Each sequence is masked on its own: causal (bottom-right aligned),
     window_size, softcap and sinks as in flash_attn_func. bfloat16 and

@@ -140,6 +140,21 @@ def test_varlen_forward_args_by_field_name():
                                                                                     None)
 
 
+def test_varlen_backward_args_by_field_name():
+    q, k, varlen = _varlen_inputs()
+    out, lse, dq, dk = torch.empty_like(q), torch.empty(6, 30), torch.empty_like(q), torch.empty_like(k)
+    sinks, dsinks = torch.empty(6), torch.empty(6)
+    a = _ops.varlen_backward_args(q, q, k, k, out, lse, dq, dk, dk, 0.5, False, True, varlen, sinks, dsinks,
+                                  (7, -1, 30.0))
+    assert _sizes(a) == (_abi.BF16, 2, 20, 28, 6, 3, 64)
+    for ref, t in ((a.q, q), (a.k, k), (a.v, k), (a.o, out), (a.dout, q), (a.dq, dq), (a.dk, dk), (a.dv, dk)):
+        assert _packed_ref_matches(ref, t)
+    assert (a.varlen.cu_seqlens_q, a.varlen.seqused_k, a.varlen.total_q, a.varlen.total_k) == (
+        varlen[0].data_ptr(), varlen[3].data_ptr(), 30, 50)
+    assert (a.window_left, a.window_right, a.softcap, a.deterministic) == (7, -1, 30.0, True)
+    assert (a.sinks, a.dsinks, a.workspace) == (sinks.data_ptr(), dsinks.data_ptr(), None)
+
+
 def test_backward_args_by_field_name():
     q, dout = torch.empty(1, 4, 8, 128, dtype=torch.float16), torch.empty(1, 4, 8, 128, dtype=torch.float16)
     k, v = torch.empty(1, 6, 2, 128, dtype=torch.float16), torch.empty(1, 6, 2, 128, dtype=torch.float16)
