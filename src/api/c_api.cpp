@@ -27,7 +27,6 @@ using flash3::MutableTensor;
 using flash3::QuantizeArgs;
 using flash3::Varlen;
 using flash3::Status;
-using flash3::Varlen;
 
 // Copies `text` into the caller's buffer, truncated to fit and NUL-terminated;
 // a NULL or empty buffer takes nothing. Allocates nothing, so it cannot throw.
