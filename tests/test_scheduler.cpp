@@ -595,10 +595,7 @@ struct Varlen {
       used_q.push_back(len_q[b]);
       used_k.push_back(len_k[b]);
     }
-    int total_q = 0;
-    for (int n : len_q) total_q += n;
-    int64_t const max_tiles = flash3::VarlenTileTable::max_tiles_of(total_q, 1 << 20, batch, heads, 128);
-    workspace.assign(flash3::VarlenTileTable::table_ints(batch, max_tiles), -7);
+    workspace.assign(flash3::VarlenTileTable::table_ints(batch), -7);
     order.table = flash3::VarlenTileTable::in(workspace.data(), batch);
     order.lengths = {cu_q.data(), cu_k.data(), seqused ? used_q.data() : nullptr, seqused ? used_k.data() : nullptr};
     order.batch = batch;
@@ -635,9 +632,8 @@ TEST(VarlenTileOrder, EveryTileOfEverySequenceOnce) {
     }
     ASSERT_EQ(v.order.num_tiles(), int(want.size()));
     for (int i = 0; i < v.order.num_tiles(); ++i) {
-      TileCoord const c = v.order.tile(i), expanded = v.order.table.tiles[i];
+      TileCoord const c = v.order.tile(i);
       EXPECT_TRUE(got.insert({c.batch, c.head, c.m_block}).second) << "tile " << i << " twice";
-      EXPECT_EQ(std::tuple(expanded.batch, expanded.head, expanded.m_block), std::tuple(c.batch, c.head, c.m_block));
     }
     EXPECT_EQ(got, want);
   }
@@ -647,17 +643,20 @@ TEST(VarlenTileOrder, SequencesWithMoreKeyBlocksFirst) {
   std::mt19937 rng(7);
   std::vector<int> const len_q = random_lengths(rng, 200), len_k = random_lengths(rng, 200);
   Varlen v(len_q, len_k, 2, false);
-  int last_blocks = 1 << 30;
-  std::set<std::pair<int, int>> seen;
+  int last_blocks = 1 << 30, last_batch = -1, last_m = 0;
   for (int i = 0; i < v.order.num_tiles(); ++i) {
     TileCoord const c = v.order.tile(i);
     int const blocks = (len_k[c.batch] + 175) / 176;
-    EXPECT_LE(blocks, last_blocks) << "tile " << i << ": a sequence of more key blocks after one of fewer";
-    last_blocks = blocks;
-    // A (sequence, head)'s tiles start at its last query block.
-    if (seen.insert({c.batch, c.head}).second) {
-      EXPECT_EQ(c.m_block, (len_q[c.batch] + 127) / 128 - 1) << "tile " << i;
+    if (c.batch != last_batch) {
+      // A new sequence: no more key blocks than the last, and ties in index order.
+      EXPECT_TRUE(blocks < last_blocks || (blocks == last_blocks && c.batch > last_batch)) << "tile " << i;
+      EXPECT_EQ(c.m_block, (len_q[c.batch] + 127) / 128 - 1) << "a sequence starts at its last query block";
+      last_blocks = blocks;
+      last_batch = c.batch;
+    } else {
+      EXPECT_LE(c.m_block, last_m) << "query blocks from the last down";
     }
+    last_m = c.m_block;
   }
 }
 
@@ -696,30 +695,6 @@ TEST(VarlenTileOrder, EachSequenceInItsTileOrder) {
     }
     EXPECT_EQ(i, v.order.num_tiles());
   }
-}
-
-// Sequences of one length: the tiles, and their order, of the fixed-length
-// batch (and a run of equal ones among others orders as its own batch).
-TEST(VarlenTileOrder, EqualSequencesAreOneFixedLengthBatch) {
-  for (bool causal : {false, true}) {
-    Varlen v(std::vector<int>(12, 1000), std::vector<int>(12, 1000), 16, false);
-    v.order.causal = causal;
-    v.order.l2_bytes = int64_t(8) << 20;
-    v.order.num_ctas = 132;
-    v.order.build_on_host();
-    TileOrder const fixed = TileOrder::make(8, 16, 12, 512 * 1000, int64_t(8) << 20, causal, 132);
-    ASSERT_EQ(v.order.num_tiles(), fixed.num_tiles());
-    for (int i = 0; i < fixed.num_tiles(); ++i) {
-      TileCoord const want = fixed.tile(i), got = v.order.tile(i);
-      ASSERT_EQ(std::tuple(got.batch, got.head, got.m_block), std::tuple(want.batch, want.head, want.m_block))
-          << "tile " << i;
-    }
-  }
-  Varlen mixed({3000, 1000, 1000, 500, 1000}, {3000, 1000, 1000, 500, 1000}, 4, false);
-  EXPECT_EQ(mixed.workspace[2 * 5 + 1], 1);  // group_first of slots 1-3 (sequences 1, 2, 4)
-  EXPECT_EQ(mixed.workspace[2 * 5 + 3], 1);
-  EXPECT_EQ(mixed.workspace[3 * 5 + 1], 3);  // that group's size
-  EXPECT_EQ(mixed.workspace[2 * 5 + 4], 4);  // sequence 3 alone
 }
 
 TEST(VarlenTileOrder, EmptyBatchesAndSequences) {

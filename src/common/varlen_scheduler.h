@@ -26,18 +26,18 @@ struct VarlenTileScheduler {
   class Launch {
    public:
     // `order` without its table, which is built here, nor the L2 and grid
-    // its sections need. max_tiles bounds the tiles
-    // (VarlenTileTable::max_tiles_of).
-    cudaError_t prepare(VarlenTileOrder order, int64_t max_tiles, DeviceInfo const& device, int* given_counter,
+    // its sections need. max_tiles bounds the tiles (every sequence as long
+    // as the longest).
+    cudaError_t prepare(VarlenTileOrder order, int max_tiles, DeviceInfo const& device, int* given_counter,
                         cudaStream_t stream) {
-      grid_ = int(std::max<int64_t>(1, std::min<int64_t>(max_tiles, device.num_sms)));
+      grid_ = std::max(1, std::min(max_tiles, device.num_sms));
       order.l2_bytes = device.l2_bytes;
       order.num_ctas = grid_;
-      size_t const bytes = size_t(VarlenTileTable::table_ints(order.batch, max_tiles)) * sizeof(int);
+      size_t const bytes = size_t(VarlenTileTable::table_ints(order.batch)) * sizeof(int);
       cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&table_), bytes, stream);
       if (err != cudaSuccess) return err;
       order.table = VarlenTileTable::in(table_, order.batch);
-      if ((err = build_varlen_tiles(order, max_tiles, stream)) != cudaSuccess) return err;
+      if ((err = build_varlen_tiles(order, stream)) != cudaSuccess) return err;
       int* counter = nullptr;
       if (grid_ < max_tiles) {
         if (given_counter == nullptr) err = counter_.acquire(device.id, stream);
@@ -68,7 +68,7 @@ struct VarlenTileScheduler {
 
 #if defined(__CUDACC__)
   __device__ __forceinline__ static int num_tiles(Params const& p) { return p.order.num_tiles(); }
-  __device__ __forceinline__ static TileCoord coord(Params const& p, int tile) { return p.order.table.tiles[tile]; }
+  __device__ __forceinline__ static TileCoord coord(Params const& p, int tile) { return p.order.tile(tile); }
   __device__ __forceinline__ static int first_tile() { return int(blockIdx.x); }
 
   // As PersistentTileScheduler's claims: a launch makes num_tiles of them

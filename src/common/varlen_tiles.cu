@@ -2,8 +2,7 @@
 // CTA. A counting sort by descending sort_key: the histogram and its scan by
 // every thread, the stable placement and the tiles' prefix sums by warp 0,
 // 32 sequences a step (sequences with equal keys take consecutive slots in
-// index order, found with __match_any_sync), and its groups of equal
-// lengths. Then a grid expands the tiles' coordinates.
+// index order, found with __match_any_sync).
 #include <cub/block/block_scan.cuh>
 
 #include "common/varlen_tiles.h"
@@ -51,54 +50,27 @@ __global__ void __launch_bounds__(kBuildThreads) build_kernel(VarlenTileOrder co
     if (key >= 0) order.table.order[slot] = b;
   }
   __syncwarp();
-  int tiles = 0, group = 0;  // of the slots before this step's
+  int tiles = 0;  // of the slots before this step's
   for (int first = 0; first < order.batch; first += 32) {
     int const s = first + t;
     int const b = s < order.batch ? order.table.order[s] : -1;
     int sum = b >= 0 ? order.m_blocks(b) * order.num_heads : 0;
-    // A group starts where a slot differs from the one before it.
-    int const before = __shfl_up_sync(0xffffffffu, b, 1);
-    int const previous = t > 0 ? before : (s > 0 ? order.table.order[s - 1] : -1);
-    int start = b >= 0 && (previous < 0 || !order.same_group(previous, b)) ? s : group;
     for (int d = 1; d < 32; d *= 2) {
       int const other = __shfl_up_sync(0xffffffffu, sum, d);
-      int const other_start = __shfl_up_sync(0xffffffffu, start, d);
-      if (t >= d) {
-        sum += other;
-        start = max(start, other_start);
-      }
+      if (t >= d) sum += other;
     }
     if (b >= 0) {
       order.table.tile_end[s] = tiles + sum;
-      order.table.group_first[s] = start;
+      order.table.sections[s] = order.sequence_order(b).heads_per_section;
     }
     tiles += __shfl_sync(0xffffffffu, sum, 31);
-    group = __shfl_sync(0xffffffffu, start, 31);
   }
-  __syncwarp();
-  for (int s = t; s < order.batch; s += 32) {
-    int const g = order.table.group_first[s];
-    if (s + 1 == order.batch || order.table.group_first[s + 1] != g) {
-      order.table.group_size[g] = s - g + 1;
-      order.table.sections[g] = order.group_sections(order.table.order[g], s - g + 1);
-    }
-  }
-}
-
-constexpr int kExpandThreads = 256;
-
-__global__ void __launch_bounds__(kExpandThreads) expand_kernel(VarlenTileOrder const order) {
-  int const i = int(blockIdx.x) * kExpandThreads + int(threadIdx.x);
-  if (i < order.num_tiles()) order.table.tiles[i] = order.tile(i);
 }
 
 }  // namespace
 
-cudaError_t build_varlen_tiles(VarlenTileOrder const& order, int64_t max_tiles, cudaStream_t stream) {
+cudaError_t build_varlen_tiles(VarlenTileOrder const& order, cudaStream_t stream) {
   build_kernel<<<1, kBuildThreads, 0, stream>>>(order);
-  if (max_tiles > 0) {
-    expand_kernel<<<unsigned((max_tiles + kExpandThreads - 1) / kExpandThreads), kExpandThreads, 0, stream>>>(order);
-  }
   return cudaGetLastError();
 }
 

@@ -81,9 +81,8 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
       order.block_n = Traits::kBlockN;
       order.kv_bytes_per_key = 2 * a.head_dim * int64_t(sizeof(typename Traits::Element)) / (a.heads_q / a.heads_kv);
       order.causal = Traits::kCausal;
-      int64_t const max_tiles = VarlenTileTable::max_tiles_of(a.varlen.total_q, a.seqlen_q, int(a.batch),
-                                                              int(a.heads_q), Traits::kBlockM);
-      err = launch.prepare(order, std::min<int64_t>(max_tiles, INT_MAX), device, a.tile_counter, stream);
+      int64_t const max_tiles = int64_t(num_m_blocks) * a.heads_q * a.batch;
+      err = launch.prepare(order, int(std::min<int64_t>(max_tiles, INT_MAX)), device, a.tile_counter, stream);
     } else {
       err = launch.prepare(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, Traits::kCausal,
                            a.options.persistent, device, a.tile_counter, stream);
