@@ -790,7 +790,9 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
     EXPECT_EQ(run.dq, again.dq);
     EXPECT_EQ(run.dk, again.dk);
     EXPECT_EQ(run.dv, again.dv);
-    EXPECT_EQ(run.dsinks, again.dsinks);
+    // Without sinks dsinks is not written: it keeps its NaN poison, which no
+    // float comparison finds equal to itself.
+    if (c.sinks) EXPECT_EQ(run.dsinks, again.dsinks);
   }
 
   // The references, sequence by sequence (the clean inputs): float32, the

@@ -54,13 +54,17 @@ def _cudnn_packed(torch, lengths, causal):
             return F.scaled_dot_product_attention(*nt, is_causal=causal).transpose(1, 2).values()
 
     longest = max(lengths)
+    # The packed rows' places in the padded batch, to give O back packed (the
+    # backward's dO is).
+    rows = torch.cat([b * longest + torch.arange(n, device="cuda") for b, n in enumerate(lengths)])
 
     def padded(q, k, v):
         def pad(t):
             return torch.nested.nested_tensor_from_jagged(t, offsets).to_padded_tensor(0.0, (
                 len(lengths), longest, t.shape[1], t.shape[2])).transpose(1, 2)
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            return F.scaled_dot_product_attention(pad(q), pad(k), pad(v), is_causal=causal)
+            out = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), is_causal=causal)
+        return out.transpose(1, 2).flatten(0, 1)[rows]
 
     return jagged, padded
 
