@@ -7,7 +7,7 @@
 # carried in .device/ (scripts/stage_device.sh), or built here by the stage
 # `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
 #   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize bench bwd
-#                                       fp8 ablation compare sustained match ab features
+#                                       fp8 ablation compare sustained match ab features varlen
 #                                       (default: test python sanitize bench bwd fp8 ablation compare)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter). The stages
 # `compare` (the GPU idle PEERS_GAP_MS, default 50, before every sample) and
@@ -131,6 +131,11 @@ if has sanitize; then
     timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/test_gpu \
       --gtest_filter='Forward.TilesWhoseRowsSeeNoKey' >>"$OUT/sanitize.log" 2>&1
     summary+=("compute-sanitizer $tool (no-key tiles) rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
+    # Packed sequences (varlen), both passes: their tests' batches (empty
+    # sequences, seqused, partial blocks), which the benchmark does not have.
+    timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 $B/test_gpu \
+      --gtest_filter='Forward.Varlen:Backward.Varlen' >>"$OUT/sanitize.log" 2>&1
+    summary+=("compute-sanitizer $tool (varlen) rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
   done
 fi
 
@@ -258,6 +263,15 @@ peers() {  # peers NAME [regime options]: $OUT/NAME_<pass>.json, $OUT/NAME.txt
   done
 }
 has compare && peers peers --gap-ms "${PEERS_GAP_MS:-50}"
+
+# Packed sequences beside the fixed-length kernel (issue 34's varlen targets):
+# equal lengths and the log-uniform mix, both passes, SDPA on the same mix.
+if has varlen; then
+  timeout 400 "${py[@]}" -m flash3.benchmark --varlen --pass all --hdim "${VARLEN_HDIM:-128}" --gap-ms 50 \
+    --json "$OUT/varlen.json" >"$OUT/varlen.txt" 2>"$OUT/varlen.err"
+  summary+=("varlen rc=$?")
+  tail -32 "$OUT/varlen.txt"
+fi
 has sustained && peers peers_sustained --sustained
 
 if [ -n "$sampler" ]; then

@@ -15,10 +15,12 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bwd/tail_split.h"
@@ -619,6 +621,307 @@ TEST(Backward, CallerWorkspace) {
   s = bc.backward(a, run);
   ASSERT_TRUE(s.ok()) << s.message();
   bc.check(run);
+}
+
+// Packed sequences (varlen): each sequence's dQ, dK, dV (and the sinks'
+// gradient, summed over the sequences) against the GPU reference run on it
+// alone, O and the LSE from flash3's packed forward. Lengths of 0 (queries,
+// keys, or both), 1, shorter than a tile, not a multiple of one, several
+// tiles; GQA and MQA; seqused below the packed lengths, whose rows past it
+// take no part: their gradients must be zeros, and their inputs are
+// poisoned (NaN) after the forward, as are rows past the last sequence,
+// whose gradients must stay unwritten (poisoned).
+struct VarlenCase {
+  DType dtype;
+  int head_dim;
+  bool causal;
+  std::vector<int> len_q, len_k;  // the rows that take part
+  int heads_q = 4, heads_kv = 2;
+  bool seqused = false;  // 5 packed rows past each sequence's used ones
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  bool sinks = false;
+  bool deterministic = false;
+};
+
+void run_varlen(VarlenCase const& c, uint32_t seed) {
+  int const batch = int(c.len_q.size()), d = c.head_dim, pad = c.seqused ? 5 : 0;
+  int const tail = 3;  // packed rows past the last sequence
+  SCOPED_TRACE(std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(d) +
+               (c.causal ? " causal" : "") + " batch " + std::to_string(batch) + " h" + std::to_string(c.heads_q) +
+               "/" + std::to_string(c.heads_kv) + (c.seqused ? " seqused" : "") +
+               (c.window_left >= 0 || c.window_right >= 0 ? " window" : "") + (c.softcap > 0 ? " softcap" : "") +
+               (c.sinks ? " sinks" : "") + (c.deterministic ? " deterministic" : ""));
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (int b = 0; b < batch; ++b) {
+    cu_q.push_back(cu_q.back() + c.len_q[b] + pad);
+    cu_k.push_back(cu_k.back() + c.len_k[b] + pad);
+  }
+  int const total_q = cu_q.back() + tail, total_k = cu_k.back() + tail, hq = c.heads_q, hkv = c.heads_kv;
+  size_t const q_elems = size_t(total_q) * hq * d, kv_elems = size_t(total_k) * hkv * d;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto random = [&](size_t n) {
+    std::vector<uint16_t> h(n);
+    for (auto& x : h) x = to_bits(normal(rng), c.dtype);
+    return h;
+  };
+  std::vector<uint16_t> h_q = random(q_elems), h_k = random(kv_elems), h_v = random(kv_elems),
+                        h_do = random(q_elems);
+  DeviceBuffer<uint16_t> q(q_elems), k(kv_elems), v(kv_elems), o(q_elems), dout(q_elems), dq(q_elems), dk(kv_elems),
+      dv(kv_elems);
+  DeviceBuffer<float> lse(size_t(hq) * total_q), sinks(hq), dsinks(hq);
+  DeviceBuffer<int32_t> d_cu_q(batch + 1), d_cu_k(batch + 1), d_used_q(batch), d_used_k(batch);
+  for (auto [dst, host] : {std::pair{q.ptr, &h_q}, std::pair{k.ptr, &h_k}, std::pair{v.ptr, &h_v},
+                           std::pair{dout.ptr, &h_do}}) {
+    CUDA_OK(cudaMemcpy(dst, host->data(), host->size() * 2, cudaMemcpyHostToDevice));
+  }
+  std::vector<float> h_sinks(hq);
+  for (float& x : h_sinks) x = 2.f * normal(rng);
+  CUDA_OK(cudaMemcpy(sinks.ptr, h_sinks.data(), hq * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_cu_q.ptr, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_cu_k.ptr, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_used_q.ptr, c.len_q.data(), batch * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_used_k.ptr, c.len_k.data(), batch * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(o.ptr, 0xff, q_elems * 2));  // rows the forward does not write stay NaN
+  CUDA_OK(cudaMemset(lse.ptr, 0xff, size_t(hq) * total_q * 4));
+
+  flash3::Varlen const varlen{d_cu_q.ptr, d_cu_k.ptr, c.seqused ? d_used_q.ptr : nullptr,
+                              c.seqused ? d_used_k.ptr : nullptr, total_q, total_k};
+  int64_t const max_q = *std::max_element(c.len_q.begin(), c.len_q.end()) + pad;
+  int64_t const max_k = *std::max_element(c.len_k.begin(), c.len_k.end()) + pad;
+  flash3::ForwardArgs f;
+  f.dtype = c.dtype;
+  f.batch = batch;
+  f.seqlen_q = max_q;
+  f.seqlen_k = max_k;
+  f.heads_q = hq;
+  f.heads_kv = hkv;
+  f.head_dim = d;
+  f.causal = c.causal;
+  f.window_left = c.window_left;
+  f.window_right = c.window_right;
+  f.softcap = c.softcap;
+  f.q = {q.ptr, 0, int64_t(hq) * d, d, 1};
+  f.k = {k.ptr, 0, int64_t(hkv) * d, d, 1};
+  f.v = {v.ptr, 0, int64_t(hkv) * d, d, 1};
+  f.o = {o.ptr, 0, int64_t(hq) * d, d, 1};
+  f.lse = lse.ptr;
+  f.sinks = c.sinks ? sinks.ptr : nullptr;
+  f.varlen = varlen;
+  flash3::Status s = flash3::forward(f, nullptr);
+  if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
+  ASSERT_TRUE(s.ok()) << s.message();
+  CUDA_OK(cudaDeviceSynchronize());
+
+  // The rows that take part in no sequence, poisoned in the inputs: the
+  // backward must neither read them into any gradient nor write them.
+  std::vector<uint16_t> poisoned_q = h_q, poisoned_k = h_k, poisoned_v = h_v, poisoned_do = h_do;
+  auto poison_rows = [&](std::vector<uint16_t>& t, std::vector<int32_t> const& cu, std::vector<int> const& len,
+                         int heads) {
+    size_t const row = size_t(heads) * d;
+    for (int b = 0; b <= batch; ++b) {
+      int const from = b < batch ? cu[b] + len[b] : cu[batch], to = b < batch ? cu[b + 1] : cu[batch] + tail;
+      std::fill(t.begin() + from * row, t.begin() + to * row, uint16_t(0xffff));
+    }
+  };
+  poison_rows(poisoned_q, cu_q, c.len_q, hq);
+  poison_rows(poisoned_do, cu_q, c.len_q, hq);
+  poison_rows(poisoned_k, cu_k, c.len_k, hkv);
+  poison_rows(poisoned_v, cu_k, c.len_k, hkv);
+  for (auto [dst, host] : {std::pair{q.ptr, &poisoned_q}, std::pair{k.ptr, &poisoned_k},
+                           std::pair{v.ptr, &poisoned_v}, std::pair{dout.ptr, &poisoned_do}}) {
+    CUDA_OK(cudaMemcpy(dst, host->data(), host->size() * 2, cudaMemcpyHostToDevice));
+  }
+
+  flash3::BackwardArgs a;
+  a.dtype = c.dtype;
+  a.batch = batch;
+  a.seqlen_q = max_q;
+  a.seqlen_k = max_k;
+  a.heads_q = hq;
+  a.heads_kv = hkv;
+  a.head_dim = d;
+  a.causal = c.causal;
+  a.window_left = c.window_left;
+  a.window_right = c.window_right;
+  a.softcap = c.softcap;
+  a.q = f.q;
+  a.k = f.k;
+  a.v = f.v;
+  a.o = {o.ptr, 0, int64_t(hq) * d, d, 1};
+  a.dout = {dout.ptr, 0, int64_t(hq) * d, d, 1};
+  a.lse = lse.ptr;
+  a.dq = {dq.ptr, 0, int64_t(hq) * d, d, 1};
+  a.dk = {dk.ptr, 0, int64_t(hkv) * d, d, 1};
+  a.dv = {dv.ptr, 0, int64_t(hkv) * d, d, 1};
+  a.sinks = c.sinks ? sinks.ptr : nullptr;
+  a.dsinks = c.sinks ? dsinks.ptr : nullptr;
+  a.deterministic = c.deterministic;
+  a.varlen = varlen;
+  struct Run {
+    std::vector<uint16_t> dq, dk, dv;
+    std::vector<float> dsinks;
+  };
+  auto backward = [&](Run& run) {
+    CUDA_OK(cudaMemset(dq.ptr, 0xff, q_elems * 2));
+    CUDA_OK(cudaMemset(dk.ptr, 0xff, kv_elems * 2));
+    CUDA_OK(cudaMemset(dv.ptr, 0xff, kv_elems * 2));
+    CUDA_OK(cudaMemset(dsinks.ptr, 0xff, hq * 4));
+    flash3::Status const st = flash3::backward(a, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message();
+    CUDA_OK(cudaDeviceSynchronize());
+    run.dq.resize(q_elems);
+    run.dk.resize(kv_elems);
+    run.dv.resize(kv_elems);
+    run.dsinks.resize(hq);
+    CUDA_OK(cudaMemcpy(run.dq.data(), dq.ptr, q_elems * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(run.dk.data(), dk.ptr, kv_elems * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(run.dv.data(), dv.ptr, kv_elems * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(run.dsinks.data(), dsinks.ptr, hq * 4, cudaMemcpyDeviceToHost));
+  };
+  Run run;
+  backward(run);
+  if (::testing::Test::HasFatalFailure()) return;
+  if (c.deterministic) {
+    Run again;
+    backward(again);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_EQ(run.dq, again.dq);
+    EXPECT_EQ(run.dk, again.dk);
+    EXPECT_EQ(run.dv, again.dv);
+    // Without sinks dsinks is not written: it keeps its NaN poison, which no
+    // float comparison finds equal to itself.
+    if (c.sinks) EXPECT_EQ(run.dsinks, again.dsinks);
+  }
+
+  // The references, sequence by sequence (the clean inputs): float32, the
+  // same-precision one, and float32 given flash3's O. Each buffer: dQ, dK,
+  // dV packed as the outputs, then each sequence's sinks' gradient.
+  for (auto [dst, host] : {std::pair{q.ptr, &h_q}, std::pair{k.ptr, &h_k}, std::pair{v.ptr, &h_v},
+                           std::pair{dout.ptr, &h_do}}) {
+    CUDA_OK(cudaMemcpy(dst, host->data(), host->size() * 2, cudaMemcpyHostToDevice));
+  }
+  size_t const n = q_elems + 2 * kv_elems + size_t(batch) * hq;
+  DeviceBuffer<float> ref(n), low(n), rounded_o(n);
+  ASSERT_TRUE(ref.ptr && low.ptr && rounded_o.ptr);
+  for (float* buf : {ref.ptr, low.ptr, rounded_o.ptr}) CUDA_OK(cudaMemset(buf, 0, n * 4));
+  auto view = [&](uint16_t* base, int row, int heads) {
+    return flash3::ConstTensor{base + size_t(row) * heads * d, 0, int64_t(heads) * d, d, 1};
+  };
+  for (int b = 0; b < batch; ++b) {
+    if (c.len_q[b] == 0) continue;  // no query: zeros (the buffers' own)
+    AttentionShape shape{1, c.len_q[b], c.len_k[b], hq, hkv, d, 0.f, c.causal};
+    shape.window_left = c.window_left;
+    shape.window_right = c.window_right;
+    shape.softcap = c.softcap;
+    flash3::ConstTensor const o_b = view(o.ptr, cu_q[b], hq);
+    struct Ref {
+      float* buf;
+      bool emulate;
+      flash3::ConstTensor const* o;
+    };
+    for (Ref const& r : {Ref{ref.ptr, false, nullptr}, Ref{low.ptr, true, nullptr}, Ref{rounded_o.ptr, false, &o_b}}) {
+      CUDA_OK(flash3::reference::attention_backward_gpu(
+          shape, c.dtype, view(q.ptr, cu_q[b], hq), view(k.ptr, cu_k[b], hkv), view(v.ptr, cu_k[b], hkv),
+          view(dout.ptr, cu_q[b], hq), r.buf + size_t(cu_q[b]) * hq * d,
+          r.buf + q_elems + size_t(cu_k[b]) * hkv * d, r.buf + q_elems + kv_elems + size_t(cu_k[b]) * hkv * d,
+          r.emulate, nullptr, r.o, c.sinks ? sinks.ptr : nullptr,
+          c.sinks ? r.buf + q_elems + 2 * kv_elems + size_t(b) * hq : nullptr));
+    }
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> h_ref(n), h_low(n), h_rounded_o(n);
+  CUDA_OK(cudaMemcpy(h_ref.data(), ref.ptr, n * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_low.data(), low.ptr, n * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_rounded_o.data(), rounded_o.ptr, n * 4, cudaMemcpyDeviceToHost));
+
+  // Each gradient: the used rows against the references, the rows past
+  // seqused zeros, the rows past the last sequence unwritten.
+  auto compare = [&](char const* what, std::vector<uint16_t> const& got, size_t at, std::vector<int32_t> const& cu,
+                     std::vector<int> const& len, int heads) {
+    SCOPED_TRACE(what);
+    size_t const row = size_t(heads) * d;
+    std::vector<float> used_ref, used_low, used_rounded_o;
+    double err = 0, low_err = 0;
+    for (int b = 0; b < batch; ++b) {
+      for (int i = 0; i < cu[b + 1] - cu[b]; ++i) {
+        size_t const r = size_t(cu[b] + i);
+        for (size_t e = r * row; e < (r + 1) * row; ++e) {
+          float const x = from_bits(got[e], c.dtype);
+          if (i >= len[b]) {
+            ASSERT_EQ(x, 0.f) << "row " << r << " (sequence " << b << ") past seqused";
+            continue;
+          }
+          ASSERT_FALSE(std::isnan(x)) << "row " << r << " (sequence " << b << ") not written or NaN";
+          err = std::max(err, double(std::fabs(x - h_ref[at + e])));
+          low_err = std::max(low_err, double(std::fabs(h_low[at + e] - h_ref[at + e])));
+          used_ref.push_back(h_ref[at + e]);
+          used_rounded_o.push_back(h_rounded_o[at + e]);
+        }
+      }
+    }
+    for (size_t e = size_t(cu[batch]) * row; e < got.size(); ++e) {
+      ASSERT_EQ(got[e], 0xffff) << "row " << e / row << " past the last sequence written";
+    }
+    double const eps = flash3::reference::backward_epsilon(used_ref.data(), used_rounded_o.data(), used_ref.size());
+    EXPECT_LE(err, 2 * low_err + eps) << "flash3 max error " << err << ", same-precision reference " << low_err
+                                      << ", epsilon " << eps;
+  };
+  compare("dQ", run.dq, 0, cu_q, c.len_q, hq);
+  compare("dK", run.dk, q_elems, cu_k, c.len_k, hkv);
+  compare("dV", run.dv, q_elems + kv_elems, cu_k, c.len_k, hkv);
+  if (c.sinks) {
+    // As compare_sink_gradient: against the reference given flash3's O,
+    // summed here over the sequences.
+    for (int h = 0; h < hq; ++h) {
+      double want = 0, plain = 0;
+      for (int b = 0; b < batch; ++b) {
+        want += h_rounded_o[q_elems + 2 * kv_elems + size_t(b) * hq + h];
+        plain += h_ref[q_elems + 2 * kv_elems + size_t(b) * hq + h];
+      }
+      ASSERT_FALSE(std::isnan(run.dsinks[h])) << "dsinks[" << h << "] not written or NaN";
+      EXPECT_LE(std::fabs(run.dsinks[h] - want), 1e-4 * std::max(1.0, std::fabs(plain)))
+          << "dsinks[" << h << "]: " << run.dsinks[h] << ", reference with flash3's O " << want;
+    }
+  }
+}
+
+TEST(Backward, Varlen) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  // Zero-length sequences inside the batch (queries, keys, both), one row,
+  // shorter than a tile, several tiles, lengths that divide by no tile.
+  std::vector<int> const len_q{300, 0, 1, 129, 1000, 64, 77, 0}, len_k{250, 40, 0, 700, 1000, 64, 300, 0};
+  uint32_t seed = 2600;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (int d : {64, 96, 128, 192, 256}) {
+      for (bool causal : {false, true}) run_varlen({dtype, d, causal, len_q, len_k}, seed++);
+    }
+  }
+  // One sequence; equal lengths, as a fixed-length batch holds them.
+  run_varlen({DType::kBF16, 128, false, {3000}, {2000}, 4, 4}, seed++);
+  run_varlen({DType::kBF16, 64, true, {512, 512, 512}, {512, 512, 512}, 8, 8}, seed++);
+  for (int d : {64, 128, 256}) {
+    for (bool causal : {false, true}) {
+      // seqused below the packed lengths, MHA (dK, dV by TMA and row stores) and MQA.
+      run_varlen({DType::kBF16, d, causal, len_q, len_k, 4, 4, true}, seed++);
+      run_varlen({DType::kFP16, d, causal, len_q, len_k, 8, 1, true}, seed++);
+      // A window (with the causal mask: its left edge), softcapping, sinks.
+      VarlenCase w{DType::kBF16, d, causal, len_q, len_k, 4, 2, true, 90, causal ? -1 : 30};
+      run_varlen(w, seed++);
+      VarlenCase capped{DType::kFP16, d, causal, len_q, len_k};
+      capped.softcap = 2.f;
+      capped.sinks = true;
+      run_varlen(capped, seed++);
+      VarlenCase sunk{DType::kBF16, d, causal, len_q, len_k, 4, 4, true};
+      sunk.sinks = true;
+      run_varlen(sunk, seed++);
+      // Deterministic mode: bitwise equal runs.
+      VarlenCase det{DType::kBF16, d, causal, len_q, len_k, 4, 2, true};
+      det.deterministic = true;
+      run_varlen(det, seed++);
+    }
+  }
 }
 
 }  // namespace

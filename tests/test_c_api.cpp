@@ -145,6 +145,8 @@ TEST(CApi, AbiOffsets) {
   EXPECT_EQ(flash3_abi_offset("ForwardArgs", "tile_counter"), int64_t(offsetof(ForwardArgs, tile_counter)));
   EXPECT_EQ(flash3_abi_offset("BackwardArgs", "dout.head_stride"), int64_t(offsetof(BackwardArgs, dout.head_stride)));
   EXPECT_EQ(flash3_abi_offset("BackwardArgs", "deterministic"), int64_t(offsetof(BackwardArgs, deterministic)));
+  EXPECT_EQ(flash3_abi_offset("BackwardArgs", "varlen.seqused_k"), int64_t(offsetof(BackwardArgs, varlen.seqused_k)));
+  EXPECT_EQ(flash3_abi_offset("BackwardArgs", "varlen.total_k"), int64_t(offsetof(BackwardArgs, varlen.total_k)));
   EXPECT_EQ(flash3_abi_offset("BackwardArgs", "workspace"), int64_t(offsetof(BackwardArgs, workspace)));
   EXPECT_EQ(flash3_abi_offset("QuantizeArgs", "v_out.batch_stride"),
             int64_t(offsetof(QuantizeArgs, v_out.batch_stride)));

@@ -7,12 +7,14 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <initializer_list>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/tile_counter.h"
@@ -465,6 +467,157 @@ TEST(Forward, Softcap) {
     Case c = with_options(o);
     c.k_growth = 2.f;
     run_case(c, seed++);
+  }
+}
+
+// Packed sequences (varlen): each sequence's O and LSE against the GPU
+// reference run on it alone. Lengths of 0, 1, shorter than a tile, not a
+// multiple of one, several tiles; GQA; seqused below the packed lengths
+// (the rows past it must stay unwritten: poisoned).
+struct VarlenCase {
+  DType dtype;
+  int head_dim;
+  bool causal;
+  std::vector<int> len_q, len_k;
+  int heads_q = 4, heads_kv = 2;
+  bool seqused = false;  // 5 packed rows past each sequence's used ones
+  int window_left = -1;
+  float softcap = 0.f;
+};
+
+void run_varlen(VarlenCase const& c, uint32_t seed) {
+  int const batch = int(c.len_q.size()), d = c.head_dim, pad = c.seqused ? 5 : 0;
+  SCOPED_TRACE(std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(d) +
+               (c.causal ? " causal" : "") + " batch " + std::to_string(batch) + (c.seqused ? " seqused" : "") +
+               (c.window_left >= 0 ? " window" : "") + (c.softcap > 0 ? " softcap" : ""));
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (int b = 0; b < batch; ++b) {
+    cu_q.push_back(cu_q.back() + c.len_q[b] + pad);
+    cu_k.push_back(cu_k.back() + c.len_k[b] + pad);
+  }
+  int const total_q = cu_q.back(), total_k = cu_k.back(), hq = c.heads_q, hkv = c.heads_kv;
+  size_t const q_elems = size_t(total_q) * hq * d, kv_elems = size_t(total_k) * hkv * d;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto random = [&](size_t n) {
+    std::vector<uint16_t> h(n);
+    for (auto& x : h) x = to_bits(normal(rng), c.dtype);
+    return h;
+  };
+  DeviceBuffer<uint16_t> q(q_elems), k(std::max<size_t>(kv_elems, 1)), v(std::max<size_t>(kv_elems, 1)), o(q_elems);
+  DeviceBuffer<float> lse(size_t(hq) * total_q), ref_o(q_elems), low_o(q_elems), ref_lse(size_t(hq) * total_q);
+  DeviceBuffer<int32_t> d_cu_q(batch + 1), d_cu_k(batch + 1), d_used_q(batch), d_used_k(batch);
+  for (auto [dst, host] : {std::pair{q.ptr, random(q_elems)}, std::pair{k.ptr, random(kv_elems)},
+                           std::pair{v.ptr, random(kv_elems)}}) {
+    CUDA_OK(cudaMemcpy(dst, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  }
+  CUDA_OK(cudaMemcpy(d_cu_q.ptr, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_cu_k.ptr, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_used_q.ptr, c.len_q.data(), batch * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_used_k.ptr, c.len_k.data(), batch * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(o.ptr, 0xff, q_elems * 2));  // poison: rows not written stay NaN
+  CUDA_OK(cudaMemset(lse.ptr, 0xff, size_t(hq) * total_q * 4));
+
+  flash3::ForwardArgs a;
+  a.dtype = c.dtype;
+  a.batch = batch;
+  a.seqlen_q = *std::max_element(c.len_q.begin(), c.len_q.end()) + pad;
+  a.seqlen_k = *std::max_element(c.len_k.begin(), c.len_k.end()) + pad;
+  a.heads_q = hq;
+  a.heads_kv = hkv;
+  a.head_dim = d;
+  a.causal = c.causal;
+  a.window_left = c.window_left;
+  a.softcap = c.softcap;
+  a.q = {q.ptr, 0, int64_t(hq) * d, d, 1};
+  a.k = {k.ptr, 0, int64_t(hkv) * d, d, 1};
+  a.v = {v.ptr, 0, int64_t(hkv) * d, d, 1};
+  a.o = {o.ptr, 0, int64_t(hq) * d, d, 1};
+  a.lse = lse.ptr;
+  a.varlen = {d_cu_q.ptr, d_cu_k.ptr, c.seqused ? d_used_q.ptr : nullptr, c.seqused ? d_used_k.ptr : nullptr,
+              total_q, total_k};
+  flash3::Status s = flash3::forward(a, nullptr);
+  if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
+  ASSERT_TRUE(s.ok()) << s.message();
+  CUDA_OK(cudaDeviceSynchronize());
+
+  // The reference, sequence by sequence: views into the packed buffers.
+  for (int b = 0; b < batch; ++b) {
+    AttentionShape shape{1, c.len_q[b], c.len_k[b], hq, hkv, d, 0.f, c.causal};
+    shape.window_left = c.window_left;
+    shape.softcap = c.softcap;
+    auto view = [&](uint16_t* base, int row, int heads) {
+      return flash3::ConstTensor{base + size_t(row) * heads * d, 0, int64_t(heads) * d, d, 1};
+    };
+    DeviceBuffer<float> seq_lse(size_t(hq) * std::max(c.len_q[b], 1));
+    size_t const at = size_t(cu_q[b]) * hq * d;
+    CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, view(q.ptr, cu_q[b], hq), view(k.ptr, cu_k[b], hkv),
+                                             view(v.ptr, cu_k[b], hkv), ref_o.ptr + at, seq_lse.ptr, false, nullptr));
+    CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, view(q.ptr, cu_q[b], hq), view(k.ptr, cu_k[b], hkv),
+                                             view(v.ptr, cu_k[b], hkv), low_o.ptr + at, nullptr, true, nullptr));
+    for (int h = 0; h < hq && c.len_q[b] > 0; ++h) {
+      CUDA_OK(cudaMemcpy(ref_lse.ptr + size_t(h) * total_q + cu_q[b], seq_lse.ptr + size_t(h) * c.len_q[b],
+                         c.len_q[b] * 4, cudaMemcpyDeviceToDevice));
+    }
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> h_o(q_elems);
+  std::vector<float> h_lse(size_t(hq) * total_q), h_ref(q_elems), h_low(q_elems), h_ref_lse(size_t(hq) * total_q);
+  CUDA_OK(cudaMemcpy(h_o.data(), o.ptr, q_elems * 2, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_lse.data(), lse.ptr, h_lse.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_ref.data(), ref_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_low.data(), low_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_ref_lse.data(), ref_lse.ptr, h_ref_lse.size() * 4, cudaMemcpyDeviceToHost));
+
+  // The used rows, compared; the rows past seqused, still poisoned.
+  std::vector<uint16_t> used_o;
+  std::vector<float> used_ref, used_low, used_lse, used_ref_lse;
+  size_t const row = size_t(hq) * d;
+  for (int b = 0; b < batch; ++b) {
+    for (int i = 0; i < c.len_q[b] + pad; ++i) {
+      size_t const r = size_t(cu_q[b] + i);
+      bool const used = i < c.len_q[b];
+      for (size_t e = r * row; e < (r + 1) * row; ++e) {
+        if (used) {
+          used_o.push_back(h_o[e]);
+          used_ref.push_back(h_ref[e]);
+          used_low.push_back(h_low[e]);
+        } else {
+          ASSERT_EQ(h_o[e], 0xffff) << "O row " << r << " past seqused written";
+        }
+      }
+      for (int h = 0; h < hq; ++h) {
+        size_t const l = size_t(h) * total_q + r;
+        if (used) {
+          used_lse.push_back(h_lse[l]);
+          used_ref_lse.push_back(h_ref_lse[l]);
+        } else {
+          ASSERT_TRUE(std::isnan(h_lse[l])) << "LSE row " << r << " past seqused written";
+        }
+      }
+    }
+  }
+  flash3::testing::expect_forward_close(used_o, c.dtype, used_ref, used_low, used_lse, used_ref_lse,
+                                        [](size_t) { return 0.0; });
+}
+
+TEST(Forward, Varlen) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::vector<int> const len_q{300, 0, 1, 129, 1000, 64, 77}, len_k{250, 40, 0, 700, 1000, 64, 300};
+  uint32_t seed = 1300;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    for (int d : {64, 96, 128, 192, 256}) {
+      for (bool causal : {false, true}) run_varlen({dtype, d, causal, len_q, len_k}, seed++);
+    }
+  }
+  // Equal lengths, as a fixed-length batch would hold them; one sequence.
+  run_varlen({DType::kBF16, 128, true, {512, 512, 512}, {512, 512, 512}}, seed++);
+  run_varlen({DType::kBF16, 128, false, {3000}, {2000}}, seed++);
+  // seqused below the packed lengths; a window and softcapping; MQA.
+  for (bool causal : {false, true}) {
+    run_varlen({DType::kBF16, 128, causal, len_q, len_k, 4, 2, true}, seed++);
+    run_varlen({DType::kFP16, 64, causal, len_q, len_k, 4, 2, false, 90, 2.f}, seed++);
+    run_varlen({DType::kBF16, 256, causal, len_q, len_k, 8, 1}, seed++);
   }
 }
 

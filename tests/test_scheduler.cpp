@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 #include <set>
 #include <string>
 #include <tuple>
@@ -13,6 +14,8 @@
 #include "common/mask.h"
 #include "common/registers.h"
 #include "common/tile_scheduler.h"
+#include "common/varlen_tiles.h"
+#include "bwd/sequence.h"
 #include "bwd/tail_split.h"
 #include "bwd/workspace.h"
 #include "fwd/block_range.h"
@@ -570,6 +573,169 @@ TEST(PersistentTileScheduler, GivenCounter) {
   ASSERT_EQ(one_wave.prepare(4, 8, 2, 1 << 20, true, true, device, given, nullptr), cudaSuccess);
   EXPECT_EQ(one_wave.params().counter, nullptr);
   EXPECT_EQ(one_wave.finish(nullptr), cudaSuccess);
+}
+
+// Variable-length batches: packed sequences of random lengths (empty ones,
+// ones shorter than a tile, seqused below the packed length), the table
+// built as one device thread builds it.
+struct Varlen {
+  std::vector<int32_t> cu_q, cu_k, used_q, used_k;
+  std::vector<int> workspace;
+  flash3::VarlenTileOrder order;
+
+  Varlen(std::vector<int> const& len_q, std::vector<int> const& len_k, int heads, bool seqused, uint32_t seed = 1) {
+    int const batch = int(len_q.size());
+    cu_q = {0};
+    cu_k = {0};
+    std::mt19937 rng(seed);
+    for (int b = 0; b < batch; ++b) {
+      int const pad = seqused ? int(rng() % 50) : 0;  // packed rows past the used ones
+      cu_q.push_back(cu_q.back() + len_q[b] + pad);
+      cu_k.push_back(cu_k.back() + len_k[b] + pad);
+      used_q.push_back(len_q[b]);
+      used_k.push_back(len_k[b]);
+    }
+    workspace.assign(flash3::VarlenTileTable::table_ints(batch), -7);
+    order.table = flash3::VarlenTileTable::in(workspace.data(), batch);
+    order.lengths = {cu_q.data(), cu_k.data(), seqused ? used_q.data() : nullptr, seqused ? used_k.data() : nullptr};
+    order.batch = batch;
+    order.num_heads = heads;
+    order.block_m = 128;
+    order.block_n = 176;
+    // An L2 that holds every head of these sequences: one section each.
+    order.kv_bytes_per_key = 512;
+    order.l2_bytes = int64_t(50) << 20;
+    order.build_on_host();
+  }
+};
+
+std::vector<int> random_lengths(std::mt19937& rng, int batch) {
+  std::vector<int> lengths;
+  for (int b = 0; b < batch; ++b) {
+    int const kind = int(rng() % 4);
+    lengths.push_back(kind == 0 ? 0 : kind == 1 ? int(rng() % 130) : int(rng() % 5000));
+  }
+  return lengths;
+}
+
+TEST(VarlenTileOrder, EveryTileOfEverySequenceOnce) {
+  std::mt19937 rng(2026);
+  for (int trial = 0; trial < 40; ++trial) {
+    int const batch = 1 + int(rng() % 70), heads = 1 + int(rng() % 3);
+    std::vector<int> const len_q = random_lengths(rng, batch), len_k = random_lengths(rng, batch);
+    Varlen v(len_q, len_k, heads, trial % 2 == 1, trial);
+    std::set<std::tuple<int, int, int>> want, got;
+    for (int b = 0; b < batch; ++b) {
+      for (int m = 0; m < (len_q[b] + 127) / 128; ++m) {
+        for (int h = 0; h < heads; ++h) want.insert({b, h, m});
+      }
+    }
+    ASSERT_EQ(v.order.num_tiles(), int(want.size()));
+    for (int i = 0; i < v.order.num_tiles(); ++i) {
+      TileCoord const c = v.order.tile(i);
+      EXPECT_TRUE(got.insert({c.batch, c.head, c.m_block}).second) << "tile " << i << " twice";
+    }
+    EXPECT_EQ(got, want);
+  }
+}
+
+TEST(VarlenTileOrder, SequencesWithMoreKeyBlocksFirst) {
+  std::mt19937 rng(7);
+  std::vector<int> const len_q = random_lengths(rng, 200), len_k = random_lengths(rng, 200);
+  Varlen v(len_q, len_k, 2, false);
+  int last_blocks = 1 << 30, last_batch = -1, last_m = 0;
+  for (int i = 0; i < v.order.num_tiles(); ++i) {
+    TileCoord const c = v.order.tile(i);
+    int const blocks = (len_k[c.batch] + 175) / 176;
+    if (c.batch != last_batch) {
+      // A new sequence: no more key blocks than the last, and ties in index order.
+      EXPECT_TRUE(blocks < last_blocks || (blocks == last_blocks && c.batch > last_batch)) << "tile " << i;
+      EXPECT_EQ(c.m_block, (len_q[c.batch] + 127) / 128 - 1) << "a sequence starts at its last query block";
+      last_blocks = blocks;
+      last_batch = c.batch;
+    } else {
+      EXPECT_LE(c.m_block, last_m) << "query blocks from the last down";
+    }
+    last_m = c.m_block;
+  }
+}
+
+// Sequences longer than kMaxKeyBlocks key blocks share the first slots.
+TEST(VarlenTileOrder, LongSequencesShareTheTopCount) {
+  int const top = flash3::VarlenTileOrder::kMaxKeyBlocks * 176;
+  Varlen v({300, 200, 100}, {top + 5000, 1000, top + 1}, 1, false);
+  EXPECT_EQ(v.workspace[0], 0);
+  EXPECT_EQ(v.workspace[1], 2);
+  EXPECT_EQ(v.workspace[2], 1);
+  EXPECT_EQ(v.order.num_tiles(), 3 + 1 + 2);
+}
+
+// Within a sequence, the tiles a fixed-length batch of that sequence alone
+// has, in its order (TileOrder: L2 sections of heads, causal longest first).
+TEST(VarlenTileOrder, EachSequenceInItsTileOrder) {
+  for (bool causal : {false, true}) {
+    Varlen v({5000, 700, 3000}, {9000, 700, 3000}, 16, false);
+    v.order.causal = causal;
+    v.order.kv_bytes_per_key = 512;
+    v.order.l2_bytes = int64_t(4) << 20;  // a few heads a section
+    v.order.num_ctas = 132;
+    v.order.build_on_host();
+    int i = 0;
+    for (int b : {0, 2, 1}) {
+      int const len_q = b == 0 ? 5000 : b == 1 ? 700 : 3000, len_k = b == 0 ? 9000 : len_q;
+      TileOrder const alone = TileOrder::make((len_q + 127) / 128, 16, 1, 512 * int64_t(len_k), int64_t(4) << 20,
+                                              causal, 132);
+      EXPECT_GT(alone.heads_per_section, 0);
+      for (int t = 0; t < alone.num_tiles(); ++t, ++i) {
+        TileCoord const want = alone.tile(t), got = v.order.tile(i);
+        ASSERT_EQ(got.batch, b) << "tile " << i;
+        ASSERT_EQ(got.head, want.head) << "tile " << i;
+        ASSERT_EQ(got.m_block, want.m_block) << "tile " << i;
+      }
+    }
+    EXPECT_EQ(i, v.order.num_tiles());
+  }
+}
+
+TEST(VarlenTileOrder, EmptyBatchesAndSequences) {
+  Varlen none({0, 0, 0}, {10, 0, 500}, 4, false);
+  EXPECT_EQ(none.order.num_tiles(), 0);
+  Varlen keyless({1, 300}, {0, 0}, 2, true);
+  EXPECT_EQ(keyless.order.num_tiles(), 2 * (1 + 3));
+}
+
+// Packed sequences' workspace rows (bwd/workspace.h): each sequence's
+// blocks start past the previous sequence's, all within the bound the host
+// computes from total_q and the batch, and each block maps back to its
+// sequence (the preprocess's search, bwd/sequence.h).
+TEST(BackwardVarlen, WorkspaceBlocksOfEachSequence) {
+  std::mt19937 rng(34);
+  for (int trial = 0; trial < 300; ++trial) {
+    int const block_m = trial % 2 ? 64 : 128;
+    int const batch = 1 + int(rng() % 12);
+    std::vector<int32_t> cu{0};
+    for (int b = 0; b < batch; ++b) {
+      int const kind = int(rng() % 4);  // empty, shorter than a block, a few blocks, a multiple of one
+      int const len = kind == 0 ? 0 : kind == 1 ? 1 + int(rng() % (block_m - 1)) : kind == 2 ? int(rng() % 700)
+                                                                                             : block_m * int(1 + rng() % 4);
+      cu.push_back(cu.back() + len);
+    }
+    int const total_q = cu.back() + int(rng() % 3);  // rows past the last sequence too
+    flash3::SequenceLengths const lengths{cu.data(), cu.data(), nullptr, nullptr};
+    int64_t const blocks = flash3::bwd::packed_row_blocks(total_q, batch, block_m);
+    EXPECT_LE(blocks * block_m, int64_t(total_q) + int64_t(batch) * block_m);
+    int64_t end = 0;  // one past the previous sequence's last block
+    for (int b = 0; b < batch; ++b) {
+      int64_t const first = flash3::bwd::packed_first_block(cu[b], b, block_m);
+      int64_t const own = flash3::div_up(cu[b + 1] - cu[b], block_m);
+      EXPECT_GE(first, end) << "sequence " << b;
+      end = first + own;
+      for (int64_t block = first; block < end; ++block) {
+        EXPECT_EQ(flash3::bwd::sequence_of_block(lengths, batch, int(block), block_m), b) << "block " << block;
+      }
+    }
+    EXPECT_LE(end, blocks);
+  }
 }
 
 }  // namespace

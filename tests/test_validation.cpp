@@ -387,6 +387,18 @@ TEST(BackwardValidation, TileCountsDoNotWrap) {
       "batch");
 }
 
+// The grids' y and z extents bound the query heads and the batch (packed
+// sequences: the sequences); the workspace size query says so too.
+TEST(BackwardValidation, GridExtents) {
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.batch = 65536; }, "batch");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.heads_q = a.heads_kv = 65536; }, "heads_q");
+  flash3::BackwardArgs a = valid_backward_args();
+  a.batch = 65536;
+  size_t bytes = 1;
+  EXPECT_EQ(flash3::backward_workspace_size(a, &bytes).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(bytes, 0u);
+}
+
 TEST(BackwardValidation, TensorsOfTheBackward) {
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.o.data = nullptr; }, "o.data");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.dout.data = nullptr; }, "dout.data");
@@ -546,6 +558,100 @@ TEST(BackwardValidation, WorkspaceSizeWithStatus) {
   Status const s = flash3::backward_workspace_size(a, nullptr);
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
   EXPECT_EQ(s.message().rfind("bytes", 0), 0u) << s.message();
+}
+
+// Packed sequences (varlen): 3 sequences in 250 query and 700 key rows, the
+// tensors one batch entry of those rows; the device arrays are never read.
+flash3::BackwardArgs valid_packed_backward_args() {
+  flash3::BackwardArgs a = valid_backward_args();
+  a.batch = 3;
+  a.varlen.cu_seqlens_q = reinterpret_cast<const int32_t*>(0xb0000);
+  a.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(0xb0100);
+  a.varlen.total_q = 250;
+  a.varlen.total_k = 700;
+  auto rows = [](auto& t, int64_t n, int64_t heads, int64_t d) {
+    t = flash3::contiguous(t.data, n, heads, d);
+    t.batch_stride = 0;  // unused: one batch entry
+  };
+  for (auto* t : {&a.q, &a.o, &a.dout}) rows(*t, a.varlen.total_q, a.heads_q, a.head_dim);
+  for (auto* t : {&a.k, &a.v}) rows(*t, a.varlen.total_k, a.heads_kv, a.head_dim);
+  rows(a.dq, a.varlen.total_q, a.heads_q, a.head_dim);
+  for (auto* t : {&a.dk, &a.dv}) rows(*t, a.varlen.total_k, a.heads_kv, a.head_dim);
+  return a;
+}
+
+void expect_invalid_packed(std::function<void(flash3::BackwardArgs&)> const& edit, std::string const& names) {
+  flash3::testing::expect_invalid_args(valid_packed_backward_args(), edit, names);
+}
+
+TEST(BackwardValidation, Varlen) {
+  flash3::BackwardArgs a = valid_packed_backward_args();
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  a.varlen.seqused_q = reinterpret_cast<const int32_t*>(0xb0200);
+  a.varlen.seqused_k = reinterpret_cast<const int32_t*>(0xb0300);
+  a.causal = true;
+  a.window_left = 64;
+  a.softcap = 30.f;
+  a.deterministic = true;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  expect_invalid_packed([](flash3::BackwardArgs& a) { a.varlen.cu_seqlens_k = nullptr; }, "varlen.cu_seqlens_k");
+  expect_invalid_packed([](flash3::BackwardArgs& a) { a.varlen.cu_seqlens_q = nullptr; }, "varlen.cu_seqlens_q");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a.varlen.seqused_k = reinterpret_cast<const int32_t*>(0xb0300); },
+                          "varlen.cu_seqlens_q");
+  expect_invalid_packed([](flash3::BackwardArgs& a) { a.varlen.cu_seqlens_q = reinterpret_cast<const int32_t*>(0xb0002); },
+                        "varlen.cu_seqlens_q");
+  expect_invalid_packed([](flash3::BackwardArgs& a) { a.varlen.seqused_q = reinterpret_cast<const int32_t*>(0xb0201); },
+                        "varlen.seqused_q");
+  expect_invalid_packed([](flash3::BackwardArgs& a) { a.varlen.total_q = -1; }, "varlen.total_q");
+  expect_invalid_packed([](flash3::BackwardArgs& a) { a.varlen.total_k = int64_t(1) << 31; }, "varlen.total_k");
+  // The tensors' checks over total rows.
+  expect_invalid_packed([](flash3::BackwardArgs& a) { a.dq.seq_stride = 8; }, "dq.seq_stride");
+  expect_invalid_packed([](flash3::BackwardArgs& a) { a.dk.data = nullptr; }, "dk.data");
+  expect_invalid_packed([](flash3::BackwardArgs& a) { a.dout.head_stride = 12; }, "dout.head_stride");
+  expect_invalid_packed([](flash3::BackwardArgs& a) { a.lse = nullptr; }, "lse");
+  expect_invalid_packed([](flash3::BackwardArgs& a) { a.lse = reinterpret_cast<const float*>(0x60002); }, "lse");
+  expect_invalid_packed([](flash3::BackwardArgs& a) { a.dtype = flash3::DType::kE4M3; }, "dtype");
+  // No query row in any sequence: only dK and dV (zeros) to write.
+  a = valid_packed_backward_args();
+  a.varlen.total_q = 0;
+  a.q.data = a.o.data = a.dout.data = a.dq.data = nullptr;
+  a.lse = nullptr;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  a.dv.data = nullptr;
+  EXPECT_EQ(flash3::validate(a).code(), Status::Code::kInvalidArgument);
+}
+
+TEST(BackwardValidation, VarlenWorkspaceSize) {
+  // The workspace's rows: each sequence from a block of its own, bounded
+  // from total_q and the batch alone (the lengths are on the device).
+  flash3::BackwardArgs a = valid_packed_backward_args();
+  size_t const bytes = flash3::backward_workspace_size(a);
+  int64_t const block_m = 64;  // head dim 128
+  int64_t const rows = (a.varlen.total_q / block_m + a.batch) * block_m;
+  EXPECT_GE(bytes, size_t(a.heads_q * rows * a.head_dim * 4 + 2 * a.heads_q * rows * 4 +
+                          2 * a.heads_q * a.varlen.total_k * a.head_dim * 4));
+  // Independent of the longest sequence's lengths, the mask and pointers.
+  a.seqlen_q = 7;
+  a.seqlen_k = 9;
+  a.causal = !a.causal;
+  a.q.data = nullptr;
+  EXPECT_EQ(flash3::backward_workspace_size(a), bytes);
+  a.varlen.total_q = 0;  // no query row
+  EXPECT_EQ(flash3::backward_workspace_size(a), 0u);
+  a = valid_packed_backward_args();
+  a.varlen.total_k = -3;
+  size_t out = 1;
+  Status const s = flash3::backward_workspace_size(a, &out);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("varlen.total_k", 0), 0u) << s.message();
+  EXPECT_EQ(out, 0u);
+}
+
+TEST(BackwardValidation, EmptyVarlenBackwardDoesNotTouchTheDevice) {
+  flash3::BackwardArgs a = valid_packed_backward_args();
+  a.varlen.total_q = a.varlen.total_k = 0;
+  Status const s = flash3::backward(a, nullptr);
+  EXPECT_TRUE(s.ok()) << s.message();
 }
 
 TEST(BackwardValidation, BackwardRejectsBeforeTouchingTheDevice) {

@@ -108,6 +108,28 @@ struct Fp8Scales {
   DType out_dtype = DType::kBF16;  // O's dtype: kBF16 or kFP16
 };
 
+// Variable-length batches (FlashAttention's varlen functions): the batch's
+// sequences packed along the seq mode of Q, K, V and O, sequence b at rows
+// cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (keys and values at
+// cu_seqlens_k's), the tensors' batch_stride unused. seqlen_q and seqlen_k
+// are then the longest sequence's lengths (FlashAttention's max_seqlen_q/k,
+// upper bounds), total_q and total_k the packed rows, and the LSE is
+// [heads_q, total_q]. The device arrays are trusted, not read on the host:
+// cu_seqlens_q/k int32 [batch + 1], from 0, non-decreasing, up to total_q/k,
+// no sequence longer than seqlen_q/k; seqused_q/k (optional, int32 [batch])
+// the rows of sequence b that take part, its first seqused[b] (at most its
+// packed length): query rows past it are not written. The forward reads a
+// sequence's last key block whole (the scores past seqused_k masked): K and
+// V rows there must be finite.
+struct Varlen {
+  const int32_t* cu_seqlens_q = nullptr;  // nullptr: fixed-length batches
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_q = nullptr;
+  const int32_t* seqused_k = nullptr;
+  int64_t total_q = 0;
+  int64_t total_k = 0;
+};
+
 struct ForwardArgs {
   // Q, K, V's dtype; O's too, except for kE4M3, whose O is in fp8.out_dtype.
   DType dtype = DType::kBF16;
@@ -160,6 +182,8 @@ struct ForwardArgs {
 
   Fp8Scales fp8;  // with dtype kE4M3 only
 
+  Varlen varlen;  // packed sequences (bf16 and fp16), or none
+
   KernelOptions options;
 
   // Optional: the device int a launch with more tiles than SMs claims its
@@ -206,7 +230,8 @@ struct BackwardArgs {
   ConstTensor v;     // [batch, seqlen_k, heads_kv, head_dim]
   ConstTensor o;     // [batch, seqlen_q, heads_q, head_dim]
   ConstTensor dout;  // [batch, seqlen_q, heads_q, head_dim]: dLoss/dO
-  // The forward's LSE: float32 [batch, heads_q, seqlen_q], contiguous.
+  // The forward's LSE: float32 [batch, heads_q, seqlen_q], contiguous
+  // (packed sequences: [heads_q, total_q]).
   const float* lse = nullptr;
 
   // Outputs in `dtype`. With GQA/MQA, dK and dV are summed over the query
@@ -234,6 +259,12 @@ struct BackwardArgs {
   // fixes the order, so runs are bitwise identical, at some speed.
   bool deterministic = false;
 
+  // Packed sequences, as in ForwardArgs (the tensors one batch entry of
+  // total_q or total_k rows), or none. Rows of a sequence past its seqused
+  // take no part: their dQ, dK and dV rows are written as zeros. Rows past
+  // cu_seqlens[batch] belong to no sequence and are not written.
+  Varlen varlen;
+
   // Scratch memory of backward_workspace_size(args) bytes, 256-byte aligned,
   // owned by the caller (e.g. allocated once outside a captured CUDA graph).
   // nullptr: backward() allocates and frees it on `stream` (stream-ordered
@@ -242,8 +273,10 @@ struct BackwardArgs {
 };
 
 // Bytes of workspace backward() needs for these sizes, mask and mode, in
-// *bytes: 0 when there is no query (batch or seqlen_q 0). The same on every
-// device. Reads only the sizes, head dim, causal and deterministic; when the
+// *bytes: 0 when there is no query (batch or seqlen_q 0, or packed sequences'
+// total_q 0). The same on every device. Reads only the sizes, head dim,
+// causal, deterministic and, for packed sequences, batch, varlen.total_q and
+// varlen.total_k (never the device arrays); when the
 // sizes or head dim are invalid, returns kInvalidArgument naming the argument
 // (as validate() would) and sets *bytes to 0.
 Status backward_workspace_size(const BackwardArgs& args, size_t* bytes);

@@ -44,6 +44,17 @@ class Fp8Scales(ctypes.Structure):
     ]
 
 
+class Varlen(ctypes.Structure):
+    _fields_ = [
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("seqused_q", ctypes.c_void_p),
+        ("seqused_k", ctypes.c_void_p),
+        ("total_q", ctypes.c_int64),
+        ("total_k", ctypes.c_int64),
+    ]
+
+
 _SIZES = [
     ("dtype", ctypes.c_int),
     ("batch", ctypes.c_int64),
@@ -69,6 +80,7 @@ class ForwardArgs(ctypes.Structure):
         ("softcap", ctypes.c_float),
         ("sinks", ctypes.c_void_p),
         ("fp8", Fp8Scales),
+        ("varlen", Varlen),
         ("options", KernelOptions),
         ("tile_counter", ctypes.c_void_p),
     ]
@@ -93,6 +105,7 @@ class BackwardArgs(ctypes.Structure):
         ("sinks", ctypes.c_void_p),
         ("dsinks", ctypes.c_void_p),
         ("deterministic", ctypes.c_bool),
+        ("varlen", Varlen),
         ("workspace", ctypes.c_void_p),
     ]
 
@@ -114,7 +127,7 @@ class QuantizeArgs(ctypes.Structure):
     ]
 
 
-MIRRORS = (TensorRef, KernelOptions, Fp8Scales, ForwardArgs, BackwardArgs, QuantizeArgs)
+MIRRORS = (TensorRef, KernelOptions, Fp8Scales, Varlen, ForwardArgs, BackwardArgs, QuantizeArgs)
 
 # flash3::DType and flash3::ScaleGranularity values.
 BF16, FP16, E4M3 = 0, 1, 2

@@ -38,6 +38,7 @@ _pack_backward = _abi.packer(_abi.BackwardArgs).pack_into
 _pack_quantize = _abi.packer(_abi.QuantizeArgs).pack_into
 _ALL_ON = (True, True, True, True)  # KernelOptions: flash3.h's defaults
 _NO_FP8 = (0, 0, 0, 0, 0)  # Fp8Scales of a bf16/fp16 call
+_NO_VARLEN = (0, 0, 0, 0, 0, 0)  # Varlen of a fixed-length batch
 # The mask policy's scalars, (window_left, window_right, softcap) in
 # flash3.h's order: no window, no softcap.
 _NO_MASK = (-1, -1, 0.0)
@@ -101,9 +102,16 @@ def _tile_counter(device_index):
 
 
 def _forward_outputs(q, out_dtype, with_lse=True):
-    b, sq, hq, d = q.shape
-    return (q.new_empty((b, sq, hq, d), dtype=out_dtype),
-            q.new_empty((b, hq, sq), dtype=torch.float32) if with_lse else None)
+    """O in q's shape and the LSE: [batch, heads, seqlen_q], or [heads,
+    total_q] for packed sequences (a 3-dim q)."""
+    if q.dim() == 3:
+        total_q, hq, _ = q.shape
+        lse_shape = (hq, total_q)
+    else:
+        b, sq, hq, _ = q.shape
+        lse_shape = (b, hq, sq)
+    return (q.new_empty(q.shape, dtype=out_dtype),
+            q.new_empty(lse_shape, dtype=torch.float32) if with_lse else None)
 
 
 def _backward_outputs(q, k, v, sinks):
@@ -152,7 +160,7 @@ def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sink
     _pack_forward(args, 0, DTYPES[q.dtype], b, sq, ks[1], hq, ks[2], d, q.data_ptr(), *q.stride(), k.data_ptr(),
                   *k.stride(), v.data_ptr(), *v.stride(), out.data_ptr(), *out.stride(),
                   0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
-                  0 if sinks is None else sinks.data_ptr(), *fp8, *_ALL_ON,
+                  0 if sinks is None else sinks.data_ptr(), *fp8, *_NO_VARLEN, *_ALL_ON,
                   0 if counter is None else counter.data_ptr())
     return args
 
@@ -165,7 +173,47 @@ def backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, de
     _pack_backward(args, 0, DTYPES[q.dtype], b, sq, k.shape[1], hq, k.shape[2], d, *_ref(q), *_ref(k), *_ref(v),
                    *_ref(out), *_ref(dout), lse.data_ptr(), *_ref(dq), *_ref(dk), *_ref(dv), softmax_scale, causal,
                    *mask, 0 if sinks is None else sinks.data_ptr(), 0 if dsinks is None else dsinks.data_ptr(),
-                   deterministic, 0)
+                   deterministic, *_NO_VARLEN, 0)
+    return args
+
+
+def _packed_ref(t):
+    """A packed [total, heads, head_dim] tensor's TensorRef fields: its one
+    batch entry has no stride."""
+    return (t.data_ptr(), 0, *t.stride())
+
+
+def _varlen_fields(q, k, varlen):
+    """The sizes (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim) and
+    the Varlen struct's fields of packed sequences; varlen is (cu_seqlens_q,
+    cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)."""
+    cu_q, cu_k, used_q, used_k, max_q, max_k = varlen
+    sizes = (cu_q.shape[0] - 1, max_q, max_k, q.shape[1], k.shape[1], q.shape[2])
+    fields = (cu_q.data_ptr(), cu_k.data_ptr(), 0 if used_q is None else used_q.data_ptr(),
+              0 if used_k is None else used_k.data_ptr(), q.shape[0], k.shape[0])
+    return sizes, fields
+
+
+def varlen_forward_args(q, k, v, out, lse, softmax_scale, causal, counter, varlen, sinks=None, mask=_NO_MASK):
+    """ForwardArgs of packed sequences ([total, heads, head_dim] tensors)."""
+    args = _abi.ForwardArgs()
+    sizes, fields = _varlen_fields(q, k, varlen)
+    _pack_forward(args, 0, DTYPES[q.dtype], *sizes, *_packed_ref(q), *_packed_ref(k), *_packed_ref(v),
+                  *_packed_ref(out), 0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
+                  0 if sinks is None else sinks.data_ptr(), *_NO_FP8, *fields, *_ALL_ON,
+                  0 if counter is None else counter.data_ptr())
+    return args
+
+
+def varlen_backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, varlen,
+                         sinks=None, dsinks=None, mask=_NO_MASK):
+    """BackwardArgs of packed sequences, without a workspace."""
+    args = _abi.BackwardArgs()
+    sizes, fields = _varlen_fields(q, k, varlen)
+    _pack_backward(args, 0, DTYPES[q.dtype], *sizes, *_packed_ref(q), *_packed_ref(k), *_packed_ref(v),
+                   *_packed_ref(out), *_packed_ref(dout), lse.data_ptr(), *_packed_ref(dq), *_packed_ref(dk),
+                   *_packed_ref(dv), softmax_scale, causal, *mask, 0 if sinks is None else sinks.data_ptr(),
+                   0 if dsinks is None else dsinks.data_ptr(), deterministic, *fields, 0)
     return args
 
 
@@ -200,6 +248,18 @@ def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks=
     return out, lse
 
 
+@_on_tensor_device
+def _varlen_forward(q, k, v, varlen, softmax_scale, causal, sinks, mask):
+    lib = _abi.load()
+    q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
+    out, lse = _forward_outputs(q, q.dtype)
+    index = q.get_device()
+    counter = _tile_counter(index)
+    _run(lib.forward, varlen_forward_args(q, k, v, out, lse, softmax_scale, causal, counter, varlen, sinks, mask),
+         _raw_stream(index), "forward")
+    return out, lse
+
+
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_scale: Optional[Tensor], k_scale: Optional[Tensor],
                   v_scale: Optional[Tensor], softmax_scale: float, causal: bool, deterministic: bool,
                   out_dtype: torch.dtype, sinks: Optional[Tensor] = None, window_left: int = -1,
@@ -220,15 +280,20 @@ def _backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     dq, dk, dv, dsinks = _backward_outputs(q, k, v, sinks)
     args = backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, sinks,
                          None if sinks is None else dsinks, (window_left, window_right, softcap))
+    _launch_backward(lib, args, q.device)
+    return dq, dk, dv, dsinks
+
+
+def _launch_backward(lib, args, device):
+    """The backward's launch with its workspace from the caching allocator."""
     size = ctypes.c_size_t()
     buf = _abi.message_buffer()
     _abi.raise_for_status(lib.backward_workspace_size(_byref(args), _byref(size), buf, _abi.MESSAGE_BYTES), buf,
                           "backward")
     if size.value:
-        workspace = torch.empty(size.value, dtype=torch.uint8, device=q.device)  # alive until the launch
+        workspace = torch.empty(size.value, dtype=torch.uint8, device=device)  # alive until the launch
         args.workspace = workspace.data_ptr()
-    _run(lib.backward, args, _raw_stream(q.device.index), "backward")
-    return dq, dk, dv, dsinks
+    _run(lib.backward, args, _raw_stream(device.index), "backward")
 
 
 @_on_tensor_device
@@ -351,6 +416,75 @@ def attention(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, determi
             return result if with_lse else (result, None)
         return _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks, mask)
     return fwd(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype, sinks, *mask)
+
+
+# ---- packed sequences (varlen) ----------------------------------------------
+# Their own operators, always through the dispatcher: the eager fast path
+# above is for the tiny fixed-length calls whose host time it measures.
+
+
+def _varlen_forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                         seqused_q: Optional[Tensor], seqused_k: Optional[Tensor], max_seqlen_q: int,
+                         max_seqlen_k: int, softmax_scale: float, causal: bool, deterministic: bool,
+                         sinks: Optional[Tensor] = None, window_left: int = -1, window_right: int = -1,
+                         softcap: float = 0.0) -> Tuple[Tensor, Tensor]:
+    return _varlen_forward(q, k, v, (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k),
+                           softmax_scale, causal, sinks, (window_left, window_right, softcap))
+
+
+@_on_tensor_device
+def _varlen_backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                          cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_q: Optional[Tensor],
+                          seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                          causal: bool, deterministic: bool, sinks: Optional[Tensor] = None, window_left: int = -1,
+                          window_right: int = -1, softcap: float = 0.0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    lib = _abi.load()
+    q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
+    dout, out = _kernel_readable(dout), _head_dim_contiguous(out)
+    dq, dk, dv, dsinks = _backward_outputs(q, k, v, sinks)
+    args = varlen_backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, varlen,
+                                sinks, None if sinks is None else dsinks, (window_left, window_right, softcap))
+    _launch_backward(lib, args, q.device)
+    return dq, dk, dv, dsinks
+
+
+varlen_fwd = torch.library.custom_op("flash3::varlen_fwd", _varlen_forward_impl, mutates_args=(),
+                                     device_types="cuda")
+varlen_bwd = torch.library.custom_op("flash3::varlen_bwd", _varlen_backward_impl, mutates_args=(),
+                                     device_types="cuda")
+
+
+@varlen_fwd.register_fake
+def _varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                         softmax_scale, causal, deterministic, sinks=None, window_left=-1, window_right=-1,
+                         softcap=0.0):
+    return _forward_outputs(q, q.dtype)
+
+
+@varlen_bwd.register_fake
+def _varlen_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                          max_seqlen_k, softmax_scale, causal, deterministic, sinks=None, window_left=-1,
+                          window_right=-1, softcap=0.0):
+    return _backward_outputs(q, k, v, sinks)
+
+
+def _varlen_fwd_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, causal, deterministic, sinks, *mask = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], sinks, cu_q, cu_k, used_q, used_k)
+    ctx.max_seqlens, ctx.softmax_scale, ctx.causal, ctx.deterministic = (max_q, max_k), softmax_scale, causal, deterministic
+    ctx.mask = tuple(mask)
+    ctx.mark_non_differentiable(output[1])
+
+
+def _varlen_fwd_backward(ctx, dout, dlse):
+    q, k, v, out, lse, sinks, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
+    dq, dk, dv, dsinks = varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.max_seqlens,
+                                    ctx.softmax_scale, ctx.causal, ctx.deterministic, sinks, *ctx.mask)
+    return (dq, dk, dv) + (None,) * 9 + (None if sinks is None else dsinks, None, None, None)
+
+
+varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
 
 
 def quantize(q, k, v, granularity, hadamard, seed):

@@ -3,6 +3,7 @@
   python -m flash3.benchmark                       the paper's sweep, fwd, bwd and fwd+bwd, idle gap before every sample
   python -m flash3.benchmark --sustained           the same under continuous load (at least 2 s per shape)
   python -m flash3.benchmark --overhead            host time per call, flash3 against SDPA (tiny shape)
+  python -m flash3.benchmark --varlen              packed sequences (flash_attn_varlen_func) beside the fixed-length kernel
   python -m flash3.benchmark --from-json a.json    the table, CSV and plot again from saved runs (no GPU)
 
 Methods: flash3, SDPA's FlashAttention-2 and cuDNN backends, and
@@ -24,7 +25,7 @@ import datetime
 import json
 import sys
 
-from ._bench import overhead, sweep
+from ._bench import overhead, sweep, varlen
 from ._bench.device_info import Telemetry
 from ._bench.methods import CHECK_HEADS, check, failure_reason, load_methods, make_inputs, recording_warnings, workload
 from ._bench.plot import write_plot
@@ -59,6 +60,8 @@ def parse_args(argv):
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the reference checks")
     p.add_argument("--overhead", action="store_true", help="host time per call instead of the sweep")
     p.add_argument("--calls", type=int, default=10000, help="--overhead: calls per method and mode")
+    p.add_argument("--varlen", action="store_true",
+                   help="packed sequences instead of the sweep: equal lengths and a log-uniform mix of documents")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--csv", help="write the results here, one line per shape and method")
     p.add_argument("--plot", help="write a PNG here (paper Figure 5's layout; needs matplotlib)")
@@ -187,6 +190,21 @@ def run_overhead(torch, args):
     return 0 if ok else 1
 
 
+def run_varlen(torch, args):
+    telemetry = Telemetry(torch)
+    timer = Timer(torch, regime_of(args), args.reps, telemetry)
+    print(f"device: {describe_device(torch, telemetry)['name']}; regime: {sweep.regime_label(regime_of(args))}; "
+          f"timer: {timer.description()}")
+    rows = varlen.run(torch, timer, args, sys.stderr)
+    print(varlen.format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tool": "python -m flash3.benchmark --varlen", "argv": sys.argv[1:],
+                       "device": describe_device(torch, telemetry), "software": software(torch),
+                       "regime": regime_of(args), "timer": timer.description(), "rows": rows}, f, indent=1)
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.from_json:
@@ -206,7 +224,9 @@ def main(argv=None):
         print("flash3.benchmark: no CUDA device; the benchmark needs a Hopper GPU (H100/H200). "
               "--from-json prints saved results anywhere.", file=sys.stderr)
         return 2
-    return run_overhead(torch, args) if args.overhead else run_sweep(torch, args)
+    if args.overhead:
+        return run_overhead(torch, args)
+    return run_varlen(torch, args) if args.varlen else run_sweep(torch, args)
 
 
 if __name__ == "__main__":

@@ -34,11 +34,14 @@ def _not_supported(**values_and_defaults):
                 f"{name}: flash3 does not support {name}={value!r} (only the default {default!r})")
 
 
-def _check_tensor(name, t):
+_LAYOUTS = {4: "[batch, seqlen, heads, head_dim]", 3: "[total_tokens, heads, head_dim] (packed sequences)"}
+
+
+def _check_tensor(name, t, dims=4):
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != 4:
-        raise ValueError(f"{name}: must have 4 dims [batch, seqlen, heads, head_dim], got shape {tuple(t.shape)}")
+    if t.dim() != dims:
+        raise ValueError(f"{name}: must have {dims} dims {_LAYOUTS[dims]}, got shape {tuple(t.shape)}")
 
 
 def _plainly_valid(q, k, v, dtypes, head_dims):
@@ -56,13 +59,13 @@ def _plainly_valid(q, k, v, dtypes, head_dims):
             and ks[2] != 0 and qs[2] % ks[2] == 0 and qs[2] != 0)
 
 
-def _check_qkv(q, k, v, dtypes, head_dims=None):
+def _check_qkv(q, k, v, dtypes, head_dims=None, dims=4):
     """Devices, dtypes, shapes, head dim and GQA of q, k, v; head_dims None:
-    those of q's dtype."""
-    if _plainly_valid(q, k, v, dtypes, head_dims):
+    those of q's dtype; dims 3: packed sequences, whose batch is not a mode."""
+    if dims == 4 and _plainly_valid(q, k, v, dtypes, head_dims):
         return
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t)
+        _check_tensor(name, t, dims)
     if q.device.type not in ("cuda", "meta"):
         raise ValueError(f"q: must be a CUDA tensor (flash3 runs on Hopper GPUs), got device {q.device}")
     for name, t in (("k", k), ("v", v)):
@@ -74,11 +77,11 @@ def _check_qkv(q, k, v, dtypes, head_dims=None):
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise ValueError(f"{name}: dtype must be q's ({q.dtype}), got {t.dtype}")
-    batch, _, heads_q, head_dim = q.shape
-    if k.shape[0] != batch:
-        raise ValueError(f"k: batch must be q's ({batch}), got {k.shape[0]}")
-    if k.shape[3] != head_dim:
-        raise ValueError(f"k: head_dim must be q's ({head_dim}), got {k.shape[3]}")
+    heads_q, head_dim = q.shape[-2:]
+    if dims == 4 and k.shape[0] != q.shape[0]:
+        raise ValueError(f"k: batch must be q's ({q.shape[0]}), got {k.shape[0]}")
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"k: head_dim must be q's ({head_dim}), got {k.shape[-1]}")
     if v.shape != k.shape:
         raise ValueError(f"v: shape must be k's {tuple(k.shape)}, got {tuple(v.shape)}")
     if head_dims is None:
@@ -86,7 +89,7 @@ def _check_qkv(q, k, v, dtypes, head_dims=None):
     if head_dim not in head_dims:
         raise ValueError(f"q: head_dim {head_dim} is not supported{' with FP8' if head_dims is FP8_HEAD_DIMS else ''}: "
                          f"flash3 has {', '.join(map(str, head_dims))}")
-    heads_kv = k.shape[2]
+    heads_kv = k.shape[-2]
     if heads_q == 0 or heads_kv == 0 or heads_q % heads_kv != 0:
         raise ValueError(f"k: its heads ({heads_kv}) must divide q's ({heads_q}): MHA, GQA or MQA")
 
@@ -153,7 +156,7 @@ def _fp8_scales(q, k, q_descale, k_descale, v_descale):
 _SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _checked_sinks(sinks, q):
+def _checked_sinks(sinks, q, heads_dim=2):
     """The sinks as the kernels read them (float32, one per query head,
     dense), converted differentiably; None stays None. Their values live on
     the device and are not read here: they must be finite."""
@@ -161,8 +164,9 @@ def _checked_sinks(sinks, q):
         return None
     if not isinstance(sinks, torch.Tensor):
         raise ValueError(f"sinks: must be a torch.Tensor or None, got {type(sinks).__name__}")
-    if tuple(sinks.shape) != (q.shape[2],):
-        raise ValueError(f"sinks: must have shape ({q.shape[2]},), one logit per query head, got {tuple(sinks.shape)}")
+    heads = q.shape[heads_dim]
+    if tuple(sinks.shape) != (heads,):
+        raise ValueError(f"sinks: must have shape ({heads},), one logit per query head, got {tuple(sinks.shape)}")
     if sinks.dtype not in _SINK_DTYPES:
         raise ValueError(f"sinks: must be torch.float32, torch.bfloat16 or torch.float16, got {sinks.dtype}")
     if sinks.device != q.device:
@@ -193,25 +197,33 @@ def _checked_softcap(softcap):
     return float(softcap)
 
 
+def _mask(window_size, causal, softcap):
+    """The mask policy's scalars (window_left, window_right, softcap)."""
+    if type(window_size) is tuple and window_size == _NO_WINDOW and type(softcap) is float and softcap == 0.0:
+        return _ops._NO_MASK
+    return (*_checked_window(window_size, causal), _checked_softcap(softcap))
+
+
+def _checked_scale(softmax_scale, q):
+    """softmax_scale as a float; None is 1/sqrt(head_dim)."""
+    if softmax_scale is None:
+        return q.shape[-1] ** -0.5
+    # 0 would select the default in the library: refused, as any value that
+    # would not scale the scores as asked.
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or not (
+            math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale: must be a finite positive number or None "
+                         f"(1/sqrt(head_dim)), got {softmax_scale!r}")
+    return float(softmax_scale)
+
+
 def _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic, return_attn_probs,
             out_dtype, sinks, window_size, softcap):
     """flash_attn_func and flash_attn_qkvpacked_func past their own arguments."""
     _check_qkv(q, k, v, _ops.DTYPES)
     sinks = _checked_sinks(sinks, q)
-    if type(window_size) is tuple and window_size == _NO_WINDOW and type(softcap) is float and softcap == 0.0:
-        mask = _ops._NO_MASK
-    else:
-        mask = (*_checked_window(window_size, causal), _checked_softcap(softcap))
-    if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** -0.5
-    else:
-        # 0 would select the default in the library: refused, as any value
-        # that would not scale the scores as asked.
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or not (
-                math.isfinite(softmax_scale) and softmax_scale > 0):
-            raise ValueError(f"softmax_scale: must be a finite positive number or None "
-                             f"(1/sqrt(head_dim)), got {softmax_scale!r}")
-        softmax_scale = float(softmax_scale)
+    mask = _mask(window_size, causal, softcap)
+    softmax_scale = _checked_scale(softmax_scale, q)
     if q.dtype == _E4M3:
         if out_dtype is None:
             out_dtype = torch.bfloat16
@@ -280,6 +292,89 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                        pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
     return _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic,
                    return_attn_probs, out_dtype, sinks, window_size, softcap)
+
+
+def _checked_index_tensor(name, t, length, device):
+    """An int32 vector of the given length (None: any length) on q's device,
+    made contiguous."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise ValueError(f"{name}: must be torch.int32, got {t.dtype}")
+    if t.dim() != 1 or (length is not None and t.shape[0] != length):
+        want = "batch + 1" if length is None else f"({length},)"
+        raise ValueError(f"{name}: must be a vector of shape {want}, got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name}: must be on q's device {device}, got {t.device}")
+    return t.contiguous()
+
+
+def _checked_max_seqlen(name, n):
+    if isinstance(n, bool) or not isinstance(n, (numbers.Integral, torch.SymInt)) or n < 0:
+        raise ValueError(f"{name}: must be an int >= 0 (the longest sequence's length), got {n!r}")
+    return n
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
+                           seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
+                           v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                           pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False, *, sinks=None):
+    """flash_attn_func over packed sequences of different lengths (variable
+    length), as FlashAttention-3's.
+
+    q: [total_q, heads_q, head_dim], k, v: [total_k, heads_kv, head_dim], the
+    batch's sequences one after the other: sequence b's queries are rows
+    cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1, its keys and values rows
+    cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1. cu_seqlens_q and cu_seqlens_k:
+    int32 [batch + 1] on q's device. max_seqlen_q, max_seqlen_k: ints, the
+    longest sequence's lengths. seqused_q, seqused_k (optional, int32
+    [batch]): only the first seqused[b] rows of sequence b take part; query
+    rows past them are left unwritten in out and lse, and every row past
+    them gets a zero gradient. Rows past cu_seqlens_*[batch] belong to no
+    sequence and are written by neither pass (out, lse, nor gradients).
+
+    The device arrays are trusted, not read here (that would synchronize with
+    the GPU): cu_seqlens_* must start at 0, not decrease, and end at most at
+    total_q / total_k; no sequence may be longer than max_seqlen_*; seqused
+    may not exceed its sequence's packed length. Anything else is undefined.
+    The forward reads the keys and values of a sequence's last block whole,
+    past its seqused_k (their scores masked): those rows must be finite.
+
+    Each sequence is masked on its own: causal (bottom-right aligned),
+    window_size, softcap and sinks as in flash_attn_func. bfloat16 and
+    float16, differentiable in q, k, v and sinks.
+
+    Returns out [total_q, heads_q, head_dim] and with return_attn_probs (out,
+    lse), lse the float32 [heads_q, total_q] log-sum-exp of each row.
+    """
+    if not (qv is None and pack_gqa is None and type(attention_chunk) is int and attention_chunk == 0
+            and type(num_splits) is int and num_splits == 1 and type(sm_margin) is int and sm_margin == 0):
+        _not_supported(qv=(qv, None), attention_chunk=(attention_chunk, 0), num_splits=(num_splits, 1),
+                       pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
+    if isinstance(q, torch.Tensor) and q.dtype == _E4M3:
+        raise NotImplementedError("q: the FP8 (float8_e4m3fn) forward takes fixed-length batches in flash3 "
+                                  "(flash_attn_func)")
+    _check_qkv(q, k, v, _OUT_DTYPES, dims=3)
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is not None:
+            raise ValueError(f"{name}: descales are for float8_e4m3fn inputs; q is {q.dtype}")
+    cu_seqlens_q = _checked_index_tensor("cu_seqlens_q", cu_seqlens_q, None, q.device)
+    if cu_seqlens_q.shape[0] < 1:
+        raise ValueError("cu_seqlens_q: must have batch + 1 >= 1 entries, got shape (0,)")
+    batch = cu_seqlens_q.shape[0] - 1
+    cu_seqlens_k = _checked_index_tensor("cu_seqlens_k", cu_seqlens_k, batch + 1, q.device)
+    if seqused_q is not None:
+        seqused_q = _checked_index_tensor("seqused_q", seqused_q, batch, q.device)
+    if seqused_k is not None:
+        seqused_k = _checked_index_tensor("seqused_k", seqused_k, batch, q.device)
+    max_seqlen_q = _checked_max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _checked_max_seqlen("max_seqlen_k", max_seqlen_k)
+    sinks = _checked_sinks(sinks, q, heads_dim=1)
+    mask = _mask(window_size, causal, softcap)
+    softmax_scale = _checked_scale(softmax_scale, q)
+    out, lse = _ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                               softmax_scale, bool(causal), bool(deterministic), sinks, *mask)
+    return (out, lse) if return_attn_probs else out
 
 
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None,

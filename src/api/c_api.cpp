@@ -25,6 +25,7 @@ using flash3::ForwardArgs;
 using flash3::KernelOptions;
 using flash3::MutableTensor;
 using flash3::QuantizeArgs;
+using flash3::Varlen;
 using flash3::Status;
 
 // Copies `text` into the caller's buffer, truncated to fit and NUL-terminated;
@@ -100,6 +101,10 @@ constexpr Field kFp8Scales[] = {FLASH3_FIELD(Fp8Scales, granularity), FLASH3_FIE
                                 FLASH3_FIELD(Fp8Scales, k), FLASH3_FIELD(Fp8Scales, v),
                                 FLASH3_FIELD(Fp8Scales, out_dtype)};
 
+constexpr Field kVarlen[] = {FLASH3_FIELD(Varlen, cu_seqlens_q), FLASH3_FIELD(Varlen, cu_seqlens_k),
+                             FLASH3_FIELD(Varlen, seqused_q),    FLASH3_FIELD(Varlen, seqused_k),
+                             FLASH3_FIELD(Varlen, total_q),      FLASH3_FIELD(Varlen, total_k)};
+
 constexpr Field kKernelOptions[] = {FLASH3_FIELD(KernelOptions, pingpong),
                                     FLASH3_FIELD(KernelOptions, intra_warpgroup_overlap),
                                     FLASH3_FIELD(KernelOptions, persistent),
@@ -115,7 +120,8 @@ constexpr Field kForwardArgs[] = {
     FLASH3_FIELD(ForwardArgs, softmax_scale), FLASH3_FIELD(ForwardArgs, causal),
     FLASH3_FIELD(ForwardArgs, window_left),   FLASH3_FIELD(ForwardArgs, window_right),
     FLASH3_FIELD(ForwardArgs, softcap),       FLASH3_FIELD(ForwardArgs, sinks),
-           FLASH3_NESTED(ForwardArgs, fp8, kFp8Scales), FLASH3_NESTED(ForwardArgs, options, kKernelOptions),
+           FLASH3_NESTED(ForwardArgs, fp8, kFp8Scales), FLASH3_NESTED(ForwardArgs, varlen, kVarlen),
+    FLASH3_NESTED(ForwardArgs, options, kKernelOptions),
     FLASH3_FIELD(ForwardArgs, tile_counter)};
 
 constexpr Field kBackwardArgs[] = {
@@ -131,7 +137,8 @@ constexpr Field kBackwardArgs[] = {
     FLASH3_FIELD(BackwardArgs, window_left),     FLASH3_FIELD(BackwardArgs, window_right),
     FLASH3_FIELD(BackwardArgs, softcap),         FLASH3_FIELD(BackwardArgs, sinks),
     FLASH3_FIELD(BackwardArgs, dsinks),
-    FLASH3_FIELD(BackwardArgs, deterministic),   FLASH3_FIELD(BackwardArgs, workspace)};
+    FLASH3_FIELD(BackwardArgs, deterministic),   FLASH3_NESTED(BackwardArgs, varlen, kVarlen),
+    FLASH3_FIELD(BackwardArgs, workspace)};
 
 constexpr Field kQuantizeArgs[] = {
     FLASH3_FIELD(QuantizeArgs, dtype),            FLASH3_FIELD(QuantizeArgs, batch),
@@ -157,6 +164,7 @@ constexpr bool ends_at(size_t last_offset, size_t last_size) {
 static_assert(ends_at<ConstTensor>(offsetof(ConstTensor, dim_stride), sizeof(int64_t)));
 static_assert(ends_at<Fp8Scales>(offsetof(Fp8Scales, out_dtype), sizeof(flash3::DType)));
 static_assert(ends_at<KernelOptions>(offsetof(KernelOptions, warp_specialization), sizeof(bool)));
+static_assert(ends_at<Varlen>(offsetof(Varlen, total_k), sizeof(int64_t)));
 static_assert(ends_at<ForwardArgs>(offsetof(ForwardArgs, tile_counter), sizeof(int*)));
 static_assert(ends_at<BackwardArgs>(offsetof(BackwardArgs, workspace), sizeof(void*)));
 static_assert(ends_at<QuantizeArgs>(offsetof(QuantizeArgs, seed), sizeof(uint64_t)));
@@ -164,7 +172,8 @@ static_assert(ends_at<QuantizeArgs>(offsetof(QuantizeArgs, seed), sizeof(uint64_
 constexpr Struct kStructs[] = {
     {"ForwardArgs", sizeof(ForwardArgs), kForwardArgs},    {"BackwardArgs", sizeof(BackwardArgs), kBackwardArgs},
     {"QuantizeArgs", sizeof(QuantizeArgs), kQuantizeArgs}, {"TensorRef", sizeof(ConstTensor), kTensorRef},
-    {"Fp8Scales", sizeof(Fp8Scales), kFp8Scales},           {"KernelOptions", sizeof(KernelOptions), kKernelOptions}};
+    {"Fp8Scales", sizeof(Fp8Scales), kFp8Scales},           {"KernelOptions", sizeof(KernelOptions), kKernelOptions},
+    {"Varlen", sizeof(Varlen), kVarlen}};
 
 // The offset of `name` ("field" or "field.subfield...") in `fields`; -1 if
 // there is no such field.

@@ -133,4 +133,38 @@ inline Status scale(char const* name, float const* scale) {
   return Status();
 }
 
+// The backward's grids hold the batch (packed sequences: the sequences) and
+// the query heads on CUDA's z and y axes, at most 65535 each.
+inline Status backward_grid(int64_t batch, int64_t heads_q) {
+  constexpr int64_t kMaxGridYZ = 65535;
+  if (batch > kMaxGridYZ) return invalid("batch: the backward takes at most 65535, got " + std::to_string(batch));
+  if (heads_q > kMaxGridYZ) return invalid("heads_q: the backward takes at most 65535, got " + std::to_string(heads_q));
+  return Status();
+}
+
+// Packed sequences' host-side arguments, both passes (the device arrays are
+// trusted). Without cu_seqlens_q the other arrays are refused (a caller
+// who meant packed sequences would otherwise get fixed-length results).
+inline Status varlen(Varlen const& v) {
+  if (v.cu_seqlens_q == nullptr) {
+    if (v.cu_seqlens_k != nullptr || v.seqused_q != nullptr || v.seqused_k != nullptr) {
+      return invalid("varlen.cu_seqlens_q: null pointer, but other varlen arrays given (packed sequences need both "
+                     "cu_seqlens)");
+    }
+    return Status();
+  }
+  if (v.cu_seqlens_k == nullptr) return invalid("varlen.cu_seqlens_k: null pointer (needed with cu_seqlens_q)");
+  for (auto const& [name, p] : {std::pair{"varlen.cu_seqlens_q", v.cu_seqlens_q},
+                                std::pair{"varlen.cu_seqlens_k", v.cu_seqlens_k},
+                                std::pair{"varlen.seqused_q", v.seqused_q}, std::pair{"varlen.seqused_k", v.seqused_k}}) {
+    if (reinterpret_cast<uintptr_t>(p) % alignof(int32_t) != 0) return invalid(std::string(name) + ": must be 4-byte aligned");
+  }
+  for (auto const& [name, total] : {std::pair{"varlen.total_q", v.total_q}, std::pair{"varlen.total_k", v.total_k}}) {
+    if (total < 0 || total > INT32_MAX) {
+      return invalid(std::string(name) + ": must be in [0, 2^31), got " + std::to_string(total));
+    }
+  }
+  return Status();
+}
+
 }  // namespace flash3::checks

@@ -10,7 +10,9 @@ namespace flash3 {
 
 Status forward(ForwardArgs const& args, cudaStream_t stream) {
   if (Status s = validate(args); !s.ok()) return s;
-  if (args.batch == 0 || args.seqlen_q == 0) return Status();  // no output: a no-op, even without a device
+  if (args.batch == 0 || args.seqlen_q == 0 || (args.varlen.cu_seqlens_q != nullptr && args.varlen.total_q == 0)) {
+    return Status();  // no output: a no-op, even without a device
+  }
   DeviceInfo device;
   if (Status s = query_device(device); !s.ok()) return s;
 #define FLASH3_FWD_INSTANCE(DTYPE, HEAD_DIM)                                  \

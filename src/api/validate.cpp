@@ -63,6 +63,20 @@ Status check_fp8(ForwardArgs const& a) {
   return Status();
 }
 
+// The forward's packed kernels are built for bf16/fp16 with every option on.
+Status check_varlen(ForwardArgs const& a) {
+  if (Status s = checks::varlen(a.varlen); !s.ok() || a.varlen.cu_seqlens_q == nullptr) return s;
+  if (a.dtype == DType::kE4M3) {
+    return Status(Status::Code::kUnsupported, "varlen: packed sequences take kBF16 or kFP16 (the FP8 forward takes "
+                                              "fixed-length batches)");
+  }
+  if (!(a.options.pingpong && a.options.intra_warpgroup_overlap && a.options.warp_specialization &&
+        a.options.persistent)) {
+    return Status(Status::Code::kUnsupported, "varlen: packed sequences run with every KernelOption on");
+  }
+  return Status();
+}
+
 }  // namespace
 
 Status validate(ForwardArgs const& a) {
@@ -86,14 +100,19 @@ Status validate(ForwardArgs const& a) {
       !(a.options.pingpong && a.options.intra_warpgroup_overlap && a.options.warp_specialization)) {
     return Status(Status::Code::kUnsupported, fwd::kNoWindowWithOptions);
   }
-  if (a.batch == 0 || a.seqlen_q == 0) return Status();  // nothing to compute or write
+  bool const packed = a.varlen.cu_seqlens_q != nullptr;
+  if (Status s = check_varlen(a); !s.ok()) return s;
+  if (a.batch == 0 || a.seqlen_q == 0 || (packed && a.varlen.total_q == 0)) return Status();  // nothing to write
   int64_t const in_bytes = element_bytes(a.dtype);
   int64_t const out_bytes = element_bytes(fp8 ? a.fp8.out_dtype : a.dtype);
-  if (Status s = checks::tensor("q", a.q, a.batch, a.seqlen_q, a.heads_q, a.head_dim, in_bytes); !s.ok()) return s;
-  if (Status s = checks::output("o", a.o, a.batch, a.seqlen_q, a.heads_q, a.head_dim, out_bytes); !s.ok()) return s;
-  if (a.seqlen_k > 0) {
-    if (Status s = checks::tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
-    if (Status s = checks::tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
+  // Packed sequences: one batch entry of total rows.
+  int64_t const entries = packed ? 1 : a.batch;
+  int64_t const rows_q = packed ? a.varlen.total_q : a.seqlen_q, rows_k = packed ? a.varlen.total_k : a.seqlen_k;
+  if (Status s = checks::tensor("q", a.q, entries, rows_q, a.heads_q, a.head_dim, in_bytes); !s.ok()) return s;
+  if (Status s = checks::output("o", a.o, entries, rows_q, a.heads_q, a.head_dim, out_bytes); !s.ok()) return s;
+  if (rows_k > 0) {
+    if (Status s = checks::tensor("k", a.k, entries, rows_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
+    if (Status s = checks::tensor("v", a.v, entries, rows_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
   }
   // LSE's and the sinks' layouts are fixed and dense, so they cannot overlap
   // themselves: only their alignment to check.
@@ -111,24 +130,30 @@ Status validate(BackwardArgs const& a) {
     return invalid("dtype: the backward pass supports kBF16 and kFP16");
   }
   if (Status s = check_problem(a); !s.ok()) return s;
+  if (Status s = checks::backward_grid(a.batch, a.heads_q); !s.ok()) return s;
   if (a.dsinks != nullptr && a.sinks == nullptr) return invalid("dsinks: given without sinks");
   for (auto const& [name, p] : {std::pair<char const*, void const*>{"sinks", a.sinks}, {"dsinks", a.dsinks}}) {
     if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) return invalid(std::string(name) + ": must be 4-byte aligned");
   }
-  if (a.batch == 0 || (a.seqlen_q == 0 && a.seqlen_k == 0)) return Status();  // no gradient to write
-  if (a.seqlen_q > 0) {
+  if (Status s = checks::varlen(a.varlen); !s.ok()) return s;
+  // Packed sequences: one batch entry of total rows (the LSE [heads_q, total_q]).
+  bool const packed = a.varlen.cu_seqlens_q != nullptr;
+  int64_t const entries = packed ? 1 : a.batch;
+  int64_t const rows_q = packed ? a.varlen.total_q : a.seqlen_q, rows_k = packed ? a.varlen.total_k : a.seqlen_k;
+  if (a.batch == 0 || (rows_q == 0 && rows_k == 0)) return Status();  // no gradient to write
+  if (rows_q > 0) {
     for (auto const& [name, t] : {std::pair{"q", a.q}, std::pair{"o", a.o}, std::pair{"dout", a.dout}}) {
-      if (Status s = checks::tensor(name, t, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
+      if (Status s = checks::tensor(name, t, entries, rows_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
     }
-    if (Status s = checks::output("dq", a.dq, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dq", a.dq, entries, rows_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
     if (a.lse == nullptr) return invalid("lse: null pointer (the forward's LSE is needed)");
     if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0) return invalid("lse: must be 4-byte aligned");
   }
-  if (a.seqlen_k > 0) {
-    if (Status s = checks::tensor("k", a.k, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::tensor("v", a.v, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::output("dk", a.dk, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::output("dv", a.dv, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+  if (rows_k > 0) {
+    if (Status s = checks::tensor("k", a.k, entries, rows_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::tensor("v", a.v, entries, rows_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dk", a.dk, entries, rows_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dv", a.dv, entries, rows_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
   }
   if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0) return invalid("workspace: must be 256-byte aligned");
   return Status();

@@ -4,13 +4,16 @@
 // the input dtype by TMA stores, which drop the rows past seqlen_k. With
 // GQA/MQA they go to the workspace in fp32 per query head, summed over each
 // K/V head's group by the postprocess. The parts of a split tile
-// (bwd/tail_split.h) first gather their sums; the last part stores.
+// (bwd/tail_split.h) first gather their sums; the last part stores. A packed
+// sequence's (varlen) block partly past its packed keys is stored row by
+// row: past it lie the next sequence's rows, which a TMA store would write.
 #pragma once
 
 #include <cuda/atomic>
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "bwd/sequence.h"
 #include "bwd/tail_split.h"
 #include "bwd/traits.h"
 #include "common/layout.h"
@@ -46,6 +49,12 @@ struct Epilogue {
     int num_heads_q;
     int head_group;
     float softmax_scale;
+    // Packed sequences: dK and dV as plain memory, (row, head) strides, for
+    // a sequence's last partial block; seqlen_k is total_k (dk_accum's rows).
+    Element* dk;
+    Element* dv;
+    int64_t dk_strides[2];
+    int64_t dv_strides[2];
   };
 
   CUTE_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -96,7 +105,7 @@ struct Epilogue {
     CUTE_UNROLL
     for (int i = 0; i < size(tdKrdK); ++i) tdKrdK(i) *= p.softmax_scale;
     if (p.grouped) {
-      store_fp32(p, tdKrdK, tdVrdV, n_block, head, batch, thread_idx);
+      store_fp32(p, smem, tdKrdK, tdVrdV, n_block, head, batch, thread_idx);
       return;
     }
     Tensor sdK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutdKV{});
@@ -112,12 +121,21 @@ struct Epilogue {
     copy(r2s, thr_r2s.retile_S(convert_fragment<Element>(tdVrdV)), thr_r2s.partition_D(sdVacc));
     cutlass::arch::fence_view_async_shared();  // stmatrix (generic proxy), then TMA (async proxy)
     cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
+    if constexpr (Traits::kPacked) {
+      int const rows = smem.sequence[kLenK] - n_block * kBlockN;
+      if (rows < kBlockN) {
+        store_rows(p, sdK, sdV, smem.sequence[kFirstK] + n_block * kBlockN, rows, head, thread_idx);
+        return;
+      }
+    }
     if (thread_idx == 0) {
       int const head_kv = head;  // MHA
-      Tensor gdK = local_tile(p.tma_dk.get_tma_tensor(p.shape_k)(_, _, head_kv, batch), TileShape{},
-                              make_coord(n_block, _0{}));
-      Tensor gdV = local_tile(p.tma_dv.get_tma_tensor(p.shape_k)(_, _, head_kv, batch), TileShape{},
-                              make_coord(n_block, _0{}));
+      auto sequence = [&](auto const& m) {
+        if constexpr (Traits::kPacked) return domain_offset(make_coord(smem.sequence[kFirstK], _0{}), m(_, _, head_kv, 0));
+        else return m(_, _, head_kv, batch);
+      };
+      Tensor gdK = local_tile(sequence(p.tma_dk.get_tma_tensor(p.shape_k)), TileShape{}, make_coord(n_block, _0{}));
+      Tensor gdV = local_tile(sequence(p.tma_dv.get_tma_tensor(p.shape_k)), TileShape{}, make_coord(n_block, _0{}));
       auto tma_dk = p.tma_dk.get_slice(_0{});
       auto tma_dv = p.tma_dv.get_slice(_0{});
       copy(p.tma_dk, tma_dk.partition_S(sdK), tma_dk.partition_D(gdK));
@@ -128,20 +146,42 @@ struct Epilogue {
   }
 
  private:
+  // A packed sequence's last `rows` keys of dK and dV, from packed row
+  // `row0`, out of the (N, d) buffers by every consumer thread, 16 bytes at
+  // a time (the buffers' swizzle keeps 8 columns' 16 bytes together).
+  template <class SmemTensor>
+  CUTE_DEVICE static void store_rows(Params const& p, SmemTensor const& sdK, SmemTensor const& sdV, int row0, int rows,
+                                     int head, int thread_idx) {
+    constexpr int kVec = 16 / sizeof(Element);
+    constexpr int kVecs = kHeadDim / kVec;
+    for (int i = thread_idx; i < rows * kVecs; i += kNumConsumerThreads) {
+      int const r = i / kVecs, c = i % kVecs * kVec;
+      int64_t const row = row0 + r;
+      *reinterpret_cast<uint4*>(p.dk + row * p.dk_strides[0] + head * p.dk_strides[1] + c) =
+          *reinterpret_cast<uint4 const*>(&sdK(r, c));
+      *reinterpret_cast<uint4*>(p.dv + row * p.dv_strides[0] + head * p.dv_strides[1] + c) =
+          *reinterpret_cast<uint4 const*>(&sdV(r, c));
+    }
+  }
+
   // Accumulator elements 2i and 2i+1 are adjacent columns of one row: two
   // columns of d, or with the queries on the GEMMs' rows, two keys.
   template <class Frag>
-  CUTE_DEVICE static void store_fp32(Params const& p, Frag const& tdKrdK, Frag const& tdVrdV, int n_block, int head,
-                                     int batch, int thread_idx) {
+  CUTE_DEVICE static void store_fp32(Params const& p, SharedStorage const& smem, Frag const& tdKrdK,
+                                     Frag const& tdVrdV, int n_block, int head, int batch, int thread_idx) {
     Tensor coords = typename Traits::TiledMmadKV{}.get_thread_slice(thread_idx).partition_C(
         keys_first_identity<Traits>(select<0, 1>(typename Traits::TileShapedKV{})));  // (key, column)
     int const key0 = n_block * kBlockN;
-    int64_t const base = (int64_t(batch) * p.num_heads_q + head) * p.seqlen_k;
+    // Packed sequences: the one batch entry's rows from the sequence's first,
+    // the keys up to its packed length (zeros past those that take part).
+    int64_t const base = Traits::kPacked ? int64_t(head) * p.seqlen_k + smem.sequence[kFirstK]
+                                         : (int64_t(batch) * p.num_heads_q + head) * p.seqlen_k;
+    int const key_end = Traits::kPacked ? smem.sequence[kLenK] : p.seqlen_k;
     constexpr int kRun = Traits::kQueriesOnRows ? 1 : 2;  // adjacent columns of d per store
     CUTE_UNROLL
     for (int i = 0; i < size(tdKrdK); i += kRun) {
       int const key = key0 + get<0>(coords(i));
-      if (key >= p.seqlen_k) continue;
+      if (key >= key_end) continue;
       int64_t const at = (base + key) * kHeadDim + get<1>(coords(i));
       if constexpr (kRun == 2) {
         *reinterpret_cast<float2*>(p.dk_accum + at) = make_float2(tdKrdK(i), tdKrdK(i + 1));

@@ -49,10 +49,8 @@ struct Kernel {
   CUTE_DEVICE static Work work(Params const& p) { return Scheduler::work(p.scheduler); }
 
   // The query blocks a CTA's work visits.
-  CUTE_DEVICE static QueryRange range_of(Params const& p, Work const& w) {
-    auto const& mp = p.mainloop;
-    return part_range(mp.mask_policy().query_blocks(w.n_block, Traits::kBlockM, Traits::kBlockN, mp.m_blocks),
-                      w.part.part, w.part.parts);
+  CUTE_DEVICE static QueryRange range_of(Params const& p, SharedStorage const& smem, Work const& w) {
+    return part_range(MainloopT::query_range(p.mainloop, smem, w.n_block), w.part.part, w.part.parts);
   }
 
   static constexpr int kNumThreads = Traits::kNumThreads;
@@ -76,6 +74,14 @@ struct Kernel {
     int const warp_group = cutlass::canonical_warp_group_idx();
     int const warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
     auto const& mp = params.mainloop;
+    // Packed sequences: the grid is the longest sequence's key blocks
+    // (seqlen_k); a CTA past its own sequence's keys has no dK or dV rows to
+    // write. The others read their sequence into the slot.
+    if constexpr (Traits::kPacked) {
+      Work const w = work(params);
+      if (w.n_block * Traits::kBlockN >= packed_len_k(mp.lengths, w.batch)) return;
+      if (threadIdx.x == 0) read_sequence(smem.sequence, mp.lengths, w.batch, Traits::kBlockM);
+    }
 
     if (threadIdx.x == 0) {
       MainloopT::prefetch_descriptors(mp);
@@ -91,7 +97,7 @@ struct Kernel {
     dq_params.producer_arv_count = Traits::kNumConsumerThreads;
     dq_params.consumer_arv_count = cutlass::NumThreadsPerWarp;
     PipelinedQ pipeline_dq(smem.pipeline_dq, dq_params);
-    __syncthreads();  // barriers initialised before anyone waits on them
+    __syncthreads();  // barriers initialised (and the sequence read) before anyone waits on them
     // The postprocess may start on the SMs this grid's last wave frees. (The
     // preprocess runs beside this grid: Mainloop::load_lse_d waits for it.)
     let_dependents_start();
@@ -101,7 +107,7 @@ struct Kernel {
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
       Work const w = work(params);
-      QueryRange const range = range_of(params, w);
+      QueryRange const range = range_of(params, smem, w);
       if (producer) {
         // Producer (lines 3-4, 6).
         MainloopT::load(mp, smem, pipeline_q, pipeline_do, w.n_block, w.head, w.batch, range);
@@ -122,7 +128,7 @@ struct Kernel {
       clear(tdVrdV);
       Work const w = work(params);
       MainloopT::mma(mp, smem, pipeline_q, pipeline_do, pipeline_lse, pipeline_dq, tdKrdK, tdVrdV, w.n_block, w.head,
-                     w.batch, range_of(params, w), thread_idx);
+                     w.batch, range_of(params, smem, w), thread_idx);
       // The CTA's work is decoded again rather than held through the mainloop
       // (as blockIdx was read again before the tail split).
       Work const done = work(params);

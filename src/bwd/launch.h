@@ -5,6 +5,11 @@
 // main kernel before it; the main kernel and the postprocess wait on
 // counters (per head, per dQ tile) rather than for the grid before them to
 // end. Arguments have been validated.
+//
+// Packed sequences (varlen, BwdTraits::kPacked): the tensors are one batch
+// entry of total rows, the workspace's rows padded per sequence
+// (bwd/workspace.h); the kernels find each sequence's lengths and offsets in
+// the device arrays, never read here.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,6 +23,7 @@
 #include "bwd/kernel.h"
 #include "bwd/postprocess.h"
 #include "bwd/preprocess.h"
+#include "bwd/sequence.h"
 #include "bwd/sink_gradient.h"
 #include "bwd/tail_split.h"
 #include "bwd/workspace.h"
@@ -34,6 +40,22 @@ void strides_of(TensorRef<Pointer> const& t, int64_t (&s)[3]) {
   s[2] = t.head_stride;
 }
 
+// A call's extents as the kernels see them: packed sequences are one batch
+// entry of total_q (total_k) rows.
+struct Extents {
+  bool packed;
+  int64_t entries;
+  int64_t rows_q;
+  int64_t rows_k;
+};
+inline Extents extents_of(BackwardArgs const& a) {
+  bool const packed = a.varlen.cu_seqlens_q != nullptr;
+  return packed ? Extents{true, 1, a.varlen.total_q, a.varlen.total_k} : Extents{false, a.batch, a.seqlen_q, a.seqlen_k};
+}
+inline SequenceLengths lengths_of(BackwardArgs const& a) {
+  return {a.varlen.cu_seqlens_q, a.varlen.cu_seqlens_k, a.varlen.seqused_q, a.varlen.seqused_k};
+}
+
 // dK and dV in the input dtype from the per-query-head fp32 sums, or zeros
 // where dk_accum is nullptr.
 template <class Element>
@@ -45,8 +67,10 @@ SumGroupsParams<Element> sum_groups_params(BackwardArgs const& a, float const* d
   p.dv = static_cast<Element*>(a.dv.data);
   strides_of(a.dk, p.dk_strides);
   strides_of(a.dv, p.dv_strides);
-  p.elements = a.batch * a.seqlen_k * a.heads_kv * a.head_dim;
-  p.seqlen_k = int(a.seqlen_k);
+  Extents const e = extents_of(a);
+  p.elements = e.entries * e.rows_k * a.heads_kv * a.head_dim;
+  p.seqlen_k = int(e.rows_k);
+  p.rows_end = e.packed ? a.varlen.cu_seqlens_k + a.batch : nullptr;
   p.heads_kv = int(a.heads_kv);
   p.head_group = int(a.heads_q / a.heads_kv);
   p.head_dim = int(a.head_dim);
@@ -59,6 +83,15 @@ unsigned sum_groups_ctas(SumGroupsParams<Element> const& p) {
 }
 
 template <class Traits>
+cudaError_t launch_sum_groups(SumGroupsParams<typename Traits::Element> const& p, bool dependent,
+                              cudaStream_t stream) {
+  auto kernel = sum_groups_kernel<typename Traits::Element, Traits::kPacked>;
+  if (dependent) return launch_dependent(kernel, dim3(sum_groups_ctas(p)), dim3(kSumGroupsThreads), 0, stream, p);
+  kernel<<<sum_groups_ctas(p), kSumGroupsThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class Traits>
 using BackwardKernel = Kernel<Mainloop<Traits>, Epilogue<Traits>, KeyBlockScheduler<Traits::kCausal>>;
 
 template <class Traits>
@@ -67,8 +100,15 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   using Element = typename Traits::Element;
   using KernelT = BackwardKernel<Traits>;
   float const scale = a.softmax_scale != 0.f ? a.softmax_scale : 1.f / std::sqrt(float(a.head_dim));
+  Extents const e = extents_of(a);
+  static_assert(!Traits::kPacked || Traits::kCausal);
+  // The workspace's query blocks a head (packed: all sequences', padded).
   int const m_blocks = int(w.m_blocks);
-  int const n_blocks = int((a.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN);
+  // Packed sequences: the grid of the longest sequence's key blocks, a CTA
+  // past its own sequence's exiting at once (bwd/kernel.h): each CTA walks
+  // its sequence's query blocks, so a table of tiles (the forward's) would
+  // save only those empty CTAs, at a build kernel's cost.
+  int const n_blocks = e.rows_k == 0 ? 0 : int((a.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN);
   int const group = int(a.heads_q / a.heads_kv);
   Window const window = window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k);
   float* dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
@@ -78,17 +118,15 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   float* dv_accum = reinterpret_cast<float*>(ws + w.dv_accum);
   cudaError_t err = cudaSuccess;
 
-  if (a.seqlen_q == 0) {
+  if (a.seqlen_q == 0 || e.rows_q == 0) {
     // No query: dK = dV = 0.
-    SumGroupsParams<Element> const zeros = sum_groups_params<Element>(a, nullptr, nullptr);
-    sum_groups_kernel<Element><<<sum_groups_ctas(zeros), kSumGroupsThreads, 0, stream>>>(zeros);
-    return cudaGetLastError();
+    return launch_sum_groups<Traits>(sum_groups_params<Element>(a, nullptr, nullptr), false, stream);
   }
 
   // The main kernel's grid: its last wave split where that ends it sooner.
   // Splitting needs equal CTAs (no causal mask) and dQ's sums in any order.
   auto kernel = backward_kernel<KernelT>;
-  int64_t const tiles = int64_t(n_blocks) * a.heads_q * a.batch;
+  int64_t const tiles = int64_t(n_blocks) * a.heads_q * a.batch;  // packed: CTAs, some exiting at once
   TailSplit split;
   if (n_blocks > 0) {
     err = allow_dynamic_smem<backward_kernel<KernelT>>(device.id, KernelT::kSmemBytes);
@@ -122,13 +160,16 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   pre.seqlen_q = int(a.seqlen_q);
   pre.num_heads = int(a.heads_q);
   pre.items_per_head = preprocess_items_per_head(pre.padded_rows);
-  pre.items = int(a.batch * a.heads_q) * pre.items_per_head;
+  pre.items = int(e.entries * a.heads_q) * pre.items_per_head;
+  pre.lengths = lengths_of(a);
+  pre.batch = int(a.batch);
+  pre.total_q = int(e.rows_q);
   // Beside the main kernel on an eighth of the SMs, or before it on all of
   // them for long calls without the mask: there beside it the main kernel
   // loses more than the preprocess costs, its SMs no longer ending their
   // last CTAs together as its last wave's split assumes (bwd/tail_split.h).
   bool const beside = Traits::kCausal || a.seqlen_q < kPreprocessBesideBelow;
-  preprocess_kernel<Element, Traits::kHeadDim>
+  preprocess_kernel<Element, Traits::kHeadDim, Traits::kPacked>
       <<<preprocess_ctas(pre.items, device.num_sms, beside), kPreprocessThreads, 0, stream>>>(pre);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
@@ -137,17 +178,17 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     params.scheduler = {int(tiles), n_blocks, int(a.heads_q), a.deterministic, split};
     auto& mp = params.mainloop;
     using MainloopT = typename KernelT::MainloopT;
-    auto const q = gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch);
-    auto const dout = gmem_tensor<Traits>(a.dout, a.seqlen_q, a.heads_q, a.batch);
-    auto const k = gmem_tensor<Traits>(a.k, a.seqlen_k, a.heads_kv, a.batch);
-    auto const v = gmem_tensor<Traits>(a.v, a.seqlen_k, a.heads_kv, a.batch);
+    auto const q = gmem_tensor<Traits>(a.q, e.rows_q, a.heads_q, e.entries);
+    auto const dout = gmem_tensor<Traits>(a.dout, e.rows_q, a.heads_q, e.entries);
+    auto const k = gmem_tensor<Traits>(a.k, e.rows_k, a.heads_kv, e.entries);
+    auto const v = gmem_tensor<Traits>(a.v, e.rows_k, a.heads_kv, e.entries);
     auto const tile_md = Shape<typename Traits::M, typename Traits::D>{};
     auto const tile_nd = Shape<typename Traits::N, typename Traits::D>{};
     mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{}), tile_md, _1{});
     mp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename Traits::SmemLayoutdO{}), tile_md, _1{});
     mp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::SmemLayoutK{}, tile_nd, _1{});
     mp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::SmemLayoutV{}, tile_nd, _1{});
-    mp.dq_tiles = int(a.batch * a.heads_q * m_blocks);
+    mp.dq_tiles = int(e.entries * a.heads_q * m_blocks);
     Tensor dq_tensor = make_tensor(make_gmem_ptr(dq_accum),
                                    make_layout(make_shape(_256{}, Int<Traits::kdQRows>{}, mp.dq_tiles * Traits::kdQChunks),
                                                LayoutLeft{}));
@@ -171,12 +212,13 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     mp.window_right = window.right;
     mp.scale_log2 = scale * float(M_LOG2E);
     mp.softcap = softcap_of(a.softcap, scale);
+    mp.lengths = lengths_of(a);
 
     auto& ep = params.epilogue;
     // MHA: TMA stores to dK, dV. GQA: fp32 per query head to the workspace
     // (the descriptors still need a valid tensor: dK's own).
-    auto const dk = gmem_tensor<Traits>(a.dk, a.seqlen_k, a.heads_kv, a.batch);
-    auto const dv = gmem_tensor<Traits>(a.dv, a.seqlen_k, a.heads_kv, a.batch);
+    auto const dk = gmem_tensor<Traits>(a.dk, e.rows_k, a.heads_kv, e.entries);
+    auto const dv = gmem_tensor<Traits>(a.dv, e.rows_k, a.heads_kv, e.entries);
     using SmemLayoutdKV = typename KernelT::EpilogueT::SmemLayoutdKV;
     ep.tma_dk = make_tma_copy(SM90_TMA_STORE{}, dk, SmemLayoutdKV{}, tile_nd, _1{});
     ep.tma_dv = make_tma_copy(SM90_TMA_STORE{}, dv, SmemLayoutdKV{}, tile_nd, _1{});
@@ -184,12 +226,18 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     ep.dk_accum = dk_accum;
     ep.dv_accum = dv_accum;
     ep.grouped = group > 1;
-    ep.seqlen_k = int(a.seqlen_k);
+    ep.seqlen_k = int(e.rows_k);
     ep.num_heads_q = int(a.heads_q);
     ep.head_group = group;
     ep.softmax_scale = scale;
     ep.split_sums = reinterpret_cast<float*>(ws + w.split_sums);
     ep.split_arrivals = reinterpret_cast<int*>(ws + w.split_arrivals);
+    ep.dk = static_cast<Element*>(a.dk.data);
+    ep.dv = static_cast<Element*>(a.dv.data);
+    ep.dk_strides[0] = a.dk.seq_stride;
+    ep.dk_strides[1] = a.dk.head_stride;
+    ep.dv_strides[0] = a.dv.seq_stride;
+    ep.dv_strides[1] = a.dv.head_stride;
 
     dim3 const grid = KernelT::Scheduler::grid(params.scheduler, int(a.batch));
     err = launch_dependent(kernel, grid, dim3(KernelT::kNumThreads), KernelT::kSmemBytes, stream, params);
@@ -212,9 +260,12 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   post.num_heads = int(a.heads_q);
   post.m_blocks = m_blocks;
   post.softmax_scale = scale;
+  post.lengths = lengths_of(a);
   // A dependent of the main kernel (bwd/postprocess.h). Without one (no
   // key), it must not start before the preprocess has cleared the accumulator.
-  dim3 const post_grid(m_blocks, unsigned(a.heads_q), unsigned(a.batch));
+  // Packed sequences: the longest sequence's query blocks.
+  int64_t const post_blocks = e.packed ? (a.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM : m_blocks;
+  dim3 const post_grid(unsigned(post_blocks), unsigned(a.heads_q), unsigned(a.batch));
   if (n_blocks > 0) {
     err = launch_dependent(postprocess_dq_kernel<Traits>, post_grid, dim3(Traits::kNumConsumerThreads), 0, stream, post);
   } else {
@@ -223,16 +274,15 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   }
   if (err != cudaSuccess) return err;
 
-  if (group > 1 && a.seqlen_k > 0) {
-    SumGroupsParams<Element> const sum = sum_groups_params<Element>(a, dk_accum, dv_accum);
-    err = launch_dependent(sum_groups_kernel<Element>, dim3(sum_groups_ctas(sum)), dim3(kSumGroupsThreads), 0, stream,
-                           sum);
+  if (group > 1 && e.rows_k > 0) {
+    err = launch_sum_groups<Traits>(sum_groups_params<Element>(a, dk_accum, dv_accum), true, stream);
     if (err != cudaSuccess) return err;
   }
   // Last, in plain stream order: after the preprocess, which runs beside the
   // main kernel and would lose that overlap to a launch between them.
   if (a.dsinks != nullptr) {
-    err = launch_sink_gradient({a.sinks, lse_log2, dpsum, a.dsinks, int(a.batch), int(a.heads_q), pre.padded_rows},
+    // Packed sequences' padding rows between them add zeros, as a batch's do.
+    err = launch_sink_gradient({a.sinks, lse_log2, dpsum, a.dsinks, int(e.entries), int(a.heads_q), pre.padded_rows},
                                stream);
   }
   return err;
@@ -241,8 +291,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
 // The workspace is the caller's, or allocated and freed here in stream order.
 template <class Traits>
 Status launch_backward(BackwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
-  WorkspaceLayout const w = workspace_layout(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim,
-                                             a.causal, a.deterministic);
+  WorkspaceLayout const w = workspace_layout_of(a);
   char* ws = static_cast<char*>(a.workspace);
   cudaError_t err = cudaSuccess;
   if (ws == nullptr && w.bytes > 0) err = cudaMallocAsync(reinterpret_cast<void**>(&ws), w.bytes, stream);

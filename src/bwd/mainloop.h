@@ -9,6 +9,7 @@
 
 #include "bwd/counters.h"
 #include "bwd/mask.h"
+#include "bwd/sequence.h"
 #include "bwd/traits.h"
 #include "common/dependent_launch.h"
 #include "common/layout.h"
@@ -77,6 +78,11 @@ struct Mainloop {
     int window_right;
     float scale_log2;  // softmax_scale * log2(e)
     Softcap softcap;   // common/softcap.h; off by default
+    // Packed sequences (varlen): the tensors are one batch entry, m_blocks
+    // the workspace's blocks a head (packed_row_blocks), seqlen_q/k the
+    // longest sequence's; each CTA's sequence is read into shared memory
+    // (bwd/sequence.h).
+    SequenceLengths lengths;
 
     // The mask policy of the kernel's calls: the masked kernel (kCausal)
     // serves the causal mask and every window, from the call's bounds (read
@@ -95,8 +101,47 @@ struct Mainloop {
     cute::prefetch_tma_descriptor(p.tma_dq.get_tma_descriptor());
   }
 
-  CUTE_DEVICE static int row_tile(Params const& p, int batch, int head, int m_block) {
-    return (batch * p.num_heads + head) * p.m_blocks + m_block;
+  // The mask policy of the CTA's sequence: the call's, or with packed
+  // sequences that of the sequence in the slot.
+  CUTE_DEVICE static MaskPolicy mask_policy(Params const& p, SharedStorage const& smem) {
+    if constexpr (Traits::kPacked) {
+      return MaskPolicy{smem.sequence[kSeqQ], smem.sequence[kSeqK], false, p.window_left, p.window_right};
+    } else {
+      return p.mask_policy();
+    }
+  }
+
+  // The query blocks key block n_block visits. A packed sequence's block at
+  // or past its keys that take part visits none (its dK and dV are zeros).
+  CUTE_DEVICE static QueryRange query_range(Params const& p, SharedStorage const& smem, int n_block) {
+    if constexpr (Traits::kPacked) {
+      int const seq_q = smem.sequence[kSeqQ], seq_k = smem.sequence[kSeqK];
+      if (n_block * kBlockN >= seq_k) return QueryRange{0, 0, 0};
+      return mask_policy(p, smem).query_blocks(n_block, kBlockM, kBlockN, (seq_q + kBlockM - 1) / kBlockM);
+    } else {
+      return p.mask_policy().query_blocks(n_block, kBlockM, kBlockN, p.m_blocks);
+    }
+  }
+
+  // A (batch, head)'s index among the workspace's heads (one batch entry
+  // with packed sequences), and its query block's among the dQ tiles.
+  CUTE_DEVICE static int head_index(Params const& p, int batch, int head) {
+    return Traits::kPacked ? head : batch * p.num_heads + head;
+  }
+  CUTE_DEVICE static int row_tile(Params const& p, SharedStorage const& smem, int batch, int head, int m_block) {
+    if constexpr (Traits::kPacked) return head * p.m_blocks + smem.sequence[kFirstBlock] + m_block;
+    else return (batch * p.num_heads + head) * p.m_blocks + m_block;
+  }
+
+  // A head's (rows, d) in a TMA tensor: a batch entry's, or a packed
+  // sequence's from its first row `field` (kFirstQ, kFirstK) of the one
+  // entry. Its last block reads past the sequence; the consumers zero those
+  // rows (zero_rows_from).
+  template <class TmaTensor>
+  CUTE_DEVICE static auto sequence_rows(TmaTensor const& m, SharedStorage const& smem, SequenceField field, int head,
+                                        int batch) {
+    if constexpr (Traits::kPacked) return domain_offset(make_coord(smem.sequence[field], _0{}), m(_, _, head, 0));
+    else return m(_, _, head, batch);
   }
 
   // ---------------------------------------------------------------- producer
@@ -112,10 +157,10 @@ struct Mainloop {
     Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
     auto tile_md = Shape<typename Traits::M, typename Traits::D>{};
     auto tile_nd = Shape<typename Traits::N, typename Traits::D>{};
-    Tensor gQ = local_tile(mQ(_, _, head, batch), tile_md, make_coord(_, _0{}));  // (M, d, m_blocks)
-    Tensor gdO = local_tile(mdO(_, _, head, batch), tile_md, make_coord(_, _0{}));
-    Tensor gK = local_tile(mK(_, _, head_kv, batch), tile_nd, make_coord(n_block, _0{}));
-    Tensor gV = local_tile(mV(_, _, head_kv, batch), tile_nd, make_coord(n_block, _0{}));
+    Tensor gQ = local_tile(sequence_rows(mQ, smem, kFirstQ, head, batch), tile_md, make_coord(_, _0{}));  // (M, d, m_blocks)
+    Tensor gdO = local_tile(sequence_rows(mdO, smem, kFirstQ, head, batch), tile_md, make_coord(_, _0{}));
+    Tensor gK = local_tile(sequence_rows(mK, smem, kFirstK, head_kv, batch), tile_nd, make_coord(n_block, _0{}));
+    Tensor gV = local_tile(sequence_rows(mV, smem, kFirstK, head_kv, batch), tile_nd, make_coord(n_block, _0{}));
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutdO{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});
@@ -167,13 +212,13 @@ struct Mainloop {
   CUTE_DEVICE static void load_lse_d(Params const& p, SharedStorage& smem, PipelineLseD& pipeline, int head,
                                      int batch, QueryRange range) {
     if (cute::elect_one_sync()) {
-      wait_at_least(p.ready + batch * p.num_heads + head, p.ready_items);
+      wait_at_least(p.ready + head_index(p, batch, head), p.ready_items);
       asm volatile("fence.proxy.async.global;" ::: "memory");  // read by bulk copies (async proxy)
     }
     __syncwarp();
     auto write = cutlass::make_producer_start_state<PipelineLseD>();
     for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
-      int64_t const row0 = int64_t(row_tile(p, batch, head, m_block)) * kBlockM;
+      int64_t const row0 = int64_t(row_tile(p, smem, batch, head, m_block)) * kBlockM;
       pipeline.producer_acquire(write);
       if (cute::elect_one_sync()) {
         auto* bar = pipeline.producer_get_barrier(write);
@@ -217,9 +262,9 @@ struct Mainloop {
   // reaches m (key block j starts at its diagonal, where it is the last). Either way a CTA waits
   // only on CTAs launched before it (see Kernel::key_block), never on one
   // that may not be resident yet.
-  CUTE_DEVICE static int deterministic_turn(Params const& p, int m_block, int n_block) {
+  CUTE_DEVICE static int deterministic_turn(Params const& p, SharedStorage const& smem, int m_block, int n_block) {
     if constexpr (!Traits::kCausal) return n_block;
-    return p.mask_policy().last_key_block(m_block, kBlockM, kBlockN) - n_block;
+    return mask_policy(p, smem).last_key_block(m_block, kBlockM, kBlockN) - n_block;
   }
 
   // Algorithm 3, line 14's accumulation, off the consumers' path: each dQ_i
@@ -240,7 +285,7 @@ struct Mainloop {
         pipeline_dq.consumer_wait(read);
         pipeline_dq.consumer_release(read);
         ++read;
-        if (lane == 0) count_in(p.dq_arrivals + row_tile(p, batch, head, m_block));
+        if (lane == 0) count_in(p.dq_arrivals + row_tile(p, smem, batch, head, m_block));
       }
       return;
     }
@@ -251,8 +296,8 @@ struct Mainloop {
     // are issued, so that waiting for its own to complete costs nothing.
     int late = -1;
     for (int m_block = range.m_block_min; m_block < range.m_block_max; ++m_block) {
-      int const tile = row_tile(p, batch, head, m_block);
-      int const turn = deterministic_turn(p, m_block, n_block);
+      int const tile = row_tile(p, smem, batch, head, m_block);
+      int const turn = deterministic_turn(p, smem, m_block, n_block);
       CUTE_UNROLL
       for (int chunk = 0; chunk < Traits::kdQChunks; ++chunk) {
         pipeline_dq.consumer_wait(read);
@@ -282,6 +327,48 @@ struct Mainloop {
   }
 
   // --------------------------------------------------------------- consumer
+  // Packed sequences: rows of a loaded tile from `first` on lie past the
+  // sequence's rows that take part (past seqused, the next sequence's, or
+  // no sequence's), where a fixed-length batch's TMA bounds load zeros.
+  // Zeroed in shared memory before the GEMMs read them, they add nothing to
+  // dK, dV or dQ, whatever they held (NaN included).
+  // Each thread clears 16-byte vectors (8 columns, which the swizzle keeps
+  // together) kNumConsumerThreads apart: a fixed count of predicated
+  // stores. The thread's index is read afresh (volatile), so that ptxas
+  // cannot hoist the stores' addresses out of the mainloop into registers
+  // held across it (they spilled).
+  template <class SmemTensor>
+  CUTE_DEVICE static void zero_rows_from(SmemTensor&& s, int first) {
+    constexpr int kVecs = decltype(size<1>(s))::value / 8;  // 16-byte vectors a row
+    constexpr int kVectors = decltype(size<0>(s))::value * kVecs;
+    uint32_t tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    int const thread_idx = int(tid) - cutlass::NumThreadsPerWarpGroup;  // consumers from 0
+    if constexpr (kNumConsumerThreads % kVecs == 0) {
+      // A thread's vectors in one column, rows kRowStep apart.
+      constexpr int kRows = kVectors / kVecs, kRowStep = kNumConsumerThreads / kVecs;
+      int const row = thread_idx / kVecs, col = thread_idx % kVecs * 8;
+      CUTE_UNROLL
+      for (int j = 0; j < (kRows + kRowStep - 1) / kRowStep; ++j) {
+        int const r = row + j * kRowStep;
+        if (r < kRows && r >= first) *reinterpret_cast<uint4*>(&s(r, col)) = make_uint4(0, 0, 0, 0);
+      }
+    } else {
+      CUTE_UNROLL
+      for (int j = 0; j < (kVectors + kNumConsumerThreads - 1) / kNumConsumerThreads; ++j) {
+        int const i = thread_idx + j * kNumConsumerThreads;
+        if (i < kVectors && i / kVecs >= first) {
+          *reinterpret_cast<uint4*>(&s(i / kVecs, i % kVecs * 8)) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+  }
+  // The zeros (generic proxy) before either warpgroup's GEMMs read them (async proxy).
+  CUTE_DEVICE static void rows_zeroed() {
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kRowsZeroed));
+  }
+
   // The keys' operand of S (S^T), dP, dK and dV is the GEMM's A (the keys are
   // the accumulator's rows) unless the queries are the rows (bwd/traits.h);
   // the other operand (Q_i, dO_i, or their transposes) is then A.
@@ -351,14 +438,23 @@ struct Mainloop {
         thr_mma_sdp.partition_C(keys_first_identity<Traits>(select<0, 1>(typename Traits::TileShapeSdP{})));
     using MaskT = Mask<Traits::kCausal, kBlockM, kBlockN>;
     // A window's left edge: the query blocks from this one on need the mask too.
-    int const masked_from =
-        Traits::kCausal ? p.mask_policy().query_blocks_masked_from(range, n_block, kBlockM, kBlockN) : range.m_block_max;
-    bool const last_partial = (n_block + 1) * kBlockN > p.seqlen_k;
+    int const masked_from = Traits::kCausal
+                                ? mask_policy(p, smem).query_blocks_masked_from(range, n_block, kBlockM, kBlockN)
+                                : range.m_block_max;
+    bool const last_partial = (n_block + 1) * kBlockN > (Traits::kPacked ? smem.sequence[kSeqK] : p.seqlen_k);
 
     typename PipelineQ::PipelineState read_q;
     typename PipelinedO::PipelineState read_do;
     auto write_dq = cutlass::make_producer_start_state<PipelinedQ>();
     smem.barrier_kv.wait(0);
+    if constexpr (Traits::kPacked) {
+      int const keys = smem.sequence[kSeqK] - n_block * kBlockN;
+      if (!range.empty() && keys < kBlockN) {
+        zero_rows_from(sK, keys);
+        zero_rows_from(sV, keys);
+        rows_zeroed();
+      }
+    }
     int buffer = 0;
     // Part `part` of dQ_i's registers (bwd/traits.h, kdQParts) out: added to
     // the global accumulator, or through shared memory for the dq_writer,
@@ -367,7 +463,7 @@ struct Mainloop {
       constexpr int kRegisters = decltype(size(acc))::value;
       int const first = part * kRegisters;
       if (consumers_add_dq(p)) {
-        float* dq = p.dq_accum + int64_t(row_tile(p, batch, head, m_block)) * Traits::kdQElements;
+        float* dq = p.dq_accum + int64_t(row_tile(p, smem, batch, head, m_block)) * Traits::kdQElements;
         CUTE_UNROLL
         for (int i = 0; i < kRegisters; i += 4) {
           atomicAdd(reinterpret_cast<float4*>(dq + fragment_offset(thread_idx, first + i, kNumConsumerThreads)),
@@ -412,6 +508,15 @@ struct Mainloop {
       // issued together.
       pipeline_q.consumer_wait(read_q);
       int const stage_q = read_q.index();
+      if constexpr (Traits::kPacked) {
+        int const rows = smem.sequence[kSeqQ] - m_block * kBlockM;
+        if (rows < kBlockM) {
+          pipeline_do.consumer_wait(read_do);
+          zero_rows_from(sQ(_, _, stage_q), rows);
+          zero_rows_from(sdO(_, _, read_do.index()), rows);
+          rows_zeroed();
+        }
+      }
       Tensor tSrS = partition_fragment_C(tiled_mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
       Tensor tdPrdP = partition_fragment_C(tiled_mma_sdp, select<0, 1>(typename Traits::TileShapeSdP{}));
       keys_gemm</*kZeroInit=*/true>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage_q), tSrS);
@@ -434,7 +539,7 @@ struct Mainloop {
         slopes.keep(tSrS);
       }
       if (last_partial || m_block < range.m_block_mask || m_block >= masked_from) {
-        MaskT::apply(p.mask_policy(), tSrS, coords, m_block, n_block);
+        MaskT::apply(mask_policy(p, smem), tSrS, coords, m_block, n_block);
       }
       float const* lse_log2 = smem.lse_log2.data() + stage_q * kBlockM;
       float const* dpsum = smem.dpsum.data() + stage_q * kBlockM;

@@ -7,6 +7,7 @@
 #include <cute/tensor.hpp>
 
 #include "bwd/counters.h"
+#include "bwd/sequence.h"
 #include "common/mask.h"
 #include "bwd/traits.h"
 #include "common/dependent_launch.h"
@@ -30,6 +31,10 @@ struct PostprocessParams {
   int num_heads;
   int m_blocks;
   float softmax_scale;
+  // Packed sequences: the grid is the longest sequence's query blocks; a
+  // sequence's tiles lie from its first workspace block (bwd/workspace.h),
+  // m_blocks being the workspace's blocks a head.
+  SequenceLengths lengths;
 };
 
 // One CTA per (m_block, head, batch), a thread per dQ GEMM thread: each reads
@@ -59,39 +64,60 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
   let_dependents_start();
   int const m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   int const tid = threadIdx.x;
-  int64_t const t = (int64_t(batch) * p.num_heads + head) * p.m_blocks + m_block;
   bool const counted = Traits::counts_arrivals(p.deterministic);
+  // Packed sequences: a CTA past its sequence's packed rows converts
+  // nothing (it still counts itself done); rows past those that take part
+  // are zeros in the accumulator (cleared, no key block adds to them).
+  int seq_q = p.seqlen_q, seq_k = p.seqlen_k, rows = 0;
+  int64_t t = 0, first_q = 0;
+  if constexpr (Traits::kPacked) {
+    seq_q = p.lengths.q(batch);
+    seq_k = p.lengths.k(batch);
+    rows = min(kM, packed_len_q(p.lengths, batch) - m_block * kM);
+    first_q = p.lengths.cu_seqlens_q[batch];
+    t = int64_t(head) * p.m_blocks + packed_first_block(first_q, batch, kM) + m_block;
+  } else {
+    rows = min(kM, p.seqlen_q - m_block * kM);
+    t = (int64_t(batch) * p.num_heads + head) * p.m_blocks + m_block;
+  }
+  bool const inside = !Traits::kPacked || rows > 0;
   if (!counted) {
     wait_for_earlier_grid();  // the main kernel's dQ sums
-  } else if (tid == 0) {
-    MaskPolicy const mask = Traits::kCausal ? MaskPolicy{p.seqlen_q, p.seqlen_k, false, p.window_left, p.window_right}
-                                            : MaskPolicy{p.seqlen_q, p.seqlen_k, false};
-    // The key blocks that add to this tile: first_key_block .. last_key_block.
+  } else if (tid == 0 && inside) {
+    MaskPolicy const mask = Traits::kCausal ? MaskPolicy{seq_q, seq_k, false, p.window_left, p.window_right}
+                                            : MaskPolicy{seq_q, seq_k, false};
+    // The key blocks that add to this tile: first_key_block .. last_key_block
+    // (none to a packed sequence's block past its rows that take part).
     int const key_blocks =
-        mask.last_key_block(m_block, kM, Traits::kBlockN) - mask.first_key_block(m_block, kM, Traits::kBlockN) + 1;
+        Traits::kPacked && m_block * kM >= seq_q
+            ? 0
+            : mask.last_key_block(m_block, kM, Traits::kBlockN) - mask.first_key_block(m_block, kM, Traits::kBlockN) + 1;
     wait_at_least<256>(p.ready + t / p.m_blocks, p.ready_items);
     wait_at_least<256>(p.dq_arrivals + t, key_blocks);
   }
   __syncthreads();
-  Tensor coords = typename Traits::TiledMmadQ{}.get_thread_slice(tid).partition_C(
-      make_identity_tensor(select<0, 1>(typename Traits::TileShapedQ{})));
-  float const* src = p.dq_accum + t * Traits::kdQElements;
-  CUTE_UNROLL
-  for (int i = 0; i < size(coords); i += 4) {
-    float4 const v = __ldcg(reinterpret_cast<float4 const*>(src + fragment_offset(tid, i, kThreads)));
-    float const vals[4] = {v.x, v.y, v.z, v.w};
+  if (inside) {
+    Tensor coords = typename Traits::TiledMmadQ{}.get_thread_slice(tid).partition_C(
+        make_identity_tensor(select<0, 1>(typename Traits::TileShapedQ{})));
+    float const* src = p.dq_accum + t * Traits::kdQElements;
     CUTE_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      tile[get<0>(coords(i + j)) * kLd + get<1>(coords(i + j))] = Element(vals[j] * p.softmax_scale);
+    for (int i = 0; i < size(coords); i += 4) {
+      float4 const v = __ldcg(reinterpret_cast<float4 const*>(src + fragment_offset(tid, i, kThreads)));
+      float const vals[4] = {v.x, v.y, v.z, v.w};
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        tile[get<0>(coords(i + j)) * kLd + get<1>(coords(i + j))] = Element(vals[j] * p.softmax_scale);
+      }
     }
-  }
-  __syncthreads();
-  int const rows = min(kM, p.seqlen_q - m_block * kM);
-  Element* dq = p.dq + batch * p.dq_strides[0] + int64_t(m_block) * kM * p.dq_strides[1] + head * p.dq_strides[2];
-  for (int c = tid; c < rows * (kD / kVec); c += kThreads) {
-    int const row = c / (kD / kVec), col = c % (kD / kVec) * kVec;
-    *reinterpret_cast<uint4*>(dq + row * p.dq_strides[1] + col) =
-        *reinterpret_cast<uint4 const*>(&tile[row * kLd + col]);
+    __syncthreads();
+    Element* dq = Traits::kPacked
+                      ? p.dq + (first_q + int64_t(m_block) * kM) * p.dq_strides[1] + head * p.dq_strides[2]
+                      : p.dq + batch * p.dq_strides[0] + int64_t(m_block) * kM * p.dq_strides[1] + head * p.dq_strides[2];
+    for (int c = tid; c < rows * (kD / kVec); c += kThreads) {
+      int const row = c / (kD / kVec), col = c % (kD / kVec) * kVec;
+      *reinterpret_cast<uint4*>(dq + row * p.dq_strides[1] + col) =
+          *reinterpret_cast<uint4 const*>(&tile[row * kLd + col]);
+    }
   }
   if (counted && tid == 0) {
     cuda::atomic_ref<int, cuda::thread_scope_device> const done(*p.done);
@@ -114,13 +140,15 @@ struct SumGroupsParams {
   int heads_kv;
   int head_group;
   int head_dim;
+  int const* rows_end;  // packed sequences (one batch entry of total_k rows): cu_seqlens_k + batch
 };
 
 // dK[b, j, h] = sum over the group's query heads g of dK_accum[b, h * group + g, j],
-// a thread per element.
+// a thread per element. Packed sequences: rows past the last sequence's
+// belong to none and are not written.
 constexpr int kSumGroupsThreads = 256;
 
-template <class Element>
+template <class Element, bool kPacked = false>
 __global__ void __launch_bounds__(kSumGroupsThreads) sum_groups_kernel(SumGroupsParams<Element> const p) {
   wait_for_earlier_grid();  // the postprocess, which ends after the main kernel's dK, dV sums
   int64_t const i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -130,6 +158,7 @@ __global__ void __launch_bounds__(kSumGroupsThreads) sum_groups_kernel(SumGroups
   int const head = int(rest % p.heads_kv);
   int const key = int(rest / p.heads_kv % p.seqlen_k);
   int const batch = int(rest / p.heads_kv / p.seqlen_k);
+  if (kPacked && key >= *p.rows_end) return;
   float dk = 0.f, dv = 0.f;
   if (p.dk_accum != nullptr) {
     for (int g = 0; g < p.head_group; ++g) {

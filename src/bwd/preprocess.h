@@ -13,6 +13,11 @@
 // without the mask, bwd/launch.h), its time (its bytes at copy bandwidth, the
 // same at every length for a given number of tokens) is a large share of a
 // short call.
+//
+// Packed sequences (varlen): one batch entry, whose padded rows hold each
+// sequence from a block of its own (bwd/workspace.h); a row finds its
+// sequence by its block, and rows past the sequence's rows that take part
+// are padding.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +25,8 @@
 #include <cstdint>
 
 #include "bwd/counters.h"
+#include "bwd/sequence.h"
+#include "bwd/workspace.h"
 #include "common/dependent_launch.h"
 #include "flash3/flash3.h"
 
@@ -31,7 +38,7 @@ struct PreprocessParams {
   Element const* dout;
   int64_t o_strides[3];  // batch, seq, head
   int64_t do_strides[3];
-  float const* lse;  // [batch, heads, seqlen_q]
+  float const* lse;  // [batch, heads, seqlen_q]; packed sequences [heads, total_q]
   float* lse_log2;   // [batch, heads, padded_rows]
   float* dpsum;
   float* dq_accum;   // [batch, heads, padded_rows, head_dim] floats, cleared
@@ -41,6 +48,9 @@ struct PreprocessParams {
   int num_heads;
   int items_per_head;
   int items;
+  SequenceLengths lengths;  // packed sequences
+  int batch;                // packed sequences: the sequences
+  int total_q;              // packed sequences: the LSE's rows
 };
 
 // Eight threads per row, each reading 16 bytes of O and of dO per step and
@@ -64,7 +74,16 @@ inline int preprocess_ctas(int items, int num_sms, bool beside) {
   return std::max(1, std::min(items, beside ? num_sms / 8 : num_sms));
 }
 
-template <class Element, int kHeadDim>
+// Packed sequences: padded row q's packed row, or -1 for padding.
+template <int kBlockM, class Element>
+__device__ __forceinline__ int64_t packed_source_row(PreprocessParams<Element> const& p, int q) {
+  int const block = q / kBlockM;
+  int const b = sequence_of_block(p.lengths, p.batch, block, kBlockM);
+  int const r = int(block - packed_first_block(p.lengths.cu_seqlens_q[b], b, kBlockM)) * kBlockM + q % kBlockM;
+  return r < p.lengths.q(b) ? int64_t(p.lengths.cu_seqlens_q[b]) + r : -1;
+}
+
+template <class Element, int kHeadDim, bool kPacked = false>
 __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(PreprocessParams<Element> const p) {
   let_dependents_start();  // the main kernel starts on the other SMs at once
   constexpr int kVec = 16 / sizeof(Element);
@@ -73,6 +92,7 @@ __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(Preproce
   constexpr int kPasses = kPreprocessItemRows / kRowsPerPass;
   constexpr int kRowsAtOnce = kVecs >= 4 ? 1 : 4 / kVecs;  // rows whose loads are in flight together
   static_assert(kPasses % kRowsAtOnce == 0);
+  constexpr int kBlockM = bwd_block_m(kHeadDim);
   int const part = threadIdx.x % kPreprocessThreadsPerRow;
   for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
     int const bh = item / p.items_per_head;
@@ -82,15 +102,25 @@ __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(Preproce
     Element const* dout = p.dout + batch * p.do_strides[0] + head * p.do_strides[2];
     for (int pass = 0; pass < kPasses; pass += kRowsAtOnce) {
       uint4 ov[kRowsAtOnce][kVecs], dov[kRowsAtOnce][kVecs];
+      // Each row's packed row, -1 for padding (packed sequences).
+      [[maybe_unused]] int64_t source[kRowsAtOnce];
       #pragma unroll
       for (int r = 0; r < kRowsAtOnce; ++r) {
         int const q = first + (pass + r) * kRowsPerPass;
+        if constexpr (kPacked) source[r] = q < p.padded_rows ? packed_source_row<kBlockM>(p, q) : -1;
         #pragma unroll
         for (int v = 0; v < kVecs; ++v) {
           int const c = (part + v * kPreprocessThreadsPerRow) * kVec;
-          bool const in = q < p.seqlen_q && c < kHeadDim;
-          ov[r][v] = in ? *reinterpret_cast<uint4 const*>(o + q * p.o_strides[1] + c) : make_uint4(0, 0, 0, 0);
-          dov[r][v] = in ? *reinterpret_cast<uint4 const*>(dout + q * p.do_strides[1] + c) : make_uint4(0, 0, 0, 0);
+          if constexpr (kPacked) {
+            bool const in = source[r] >= 0 && c < kHeadDim;
+            ov[r][v] = in ? *reinterpret_cast<uint4 const*>(o + source[r] * p.o_strides[1] + c) : make_uint4(0, 0, 0, 0);
+            dov[r][v] =
+                in ? *reinterpret_cast<uint4 const*>(dout + source[r] * p.do_strides[1] + c) : make_uint4(0, 0, 0, 0);
+          } else {
+            bool const in = q < p.seqlen_q && c < kHeadDim;
+            ov[r][v] = in ? *reinterpret_cast<uint4 const*>(o + q * p.o_strides[1] + c) : make_uint4(0, 0, 0, 0);
+            dov[r][v] = in ? *reinterpret_cast<uint4 const*>(dout + q * p.do_strides[1] + c) : make_uint4(0, 0, 0, 0);
+          }
         }
       }
       #pragma unroll
@@ -114,7 +144,11 @@ __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(Preproce
         for (int c = part; c < kHeadDim / 4; c += kPreprocessThreadsPerRow) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (part == 0) {
           p.dpsum[row] = d;
-          p.lse_log2[row] = q < p.seqlen_q ? p.lse[int64_t(bh) * p.seqlen_q + q] * float(M_LOG2E) : INFINITY;
+          if constexpr (kPacked) {
+            p.lse_log2[row] = source[r] >= 0 ? p.lse[int64_t(head) * p.total_q + source[r]] * float(M_LOG2E) : INFINITY;
+          } else {
+            p.lse_log2[row] = q < p.seqlen_q ? p.lse[int64_t(bh) * p.seqlen_q + q] * float(M_LOG2E) : INFINITY;
+          }
         }
       }
     }

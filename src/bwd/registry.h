@@ -8,8 +8,9 @@
 namespace flash3::bwd {
 
 // kSoftcap: the kernels with softcapping (its code lengthens the mainloop of
-// the others), in translation units of their own.
-template <DType kDType, int kHeadDim, bool kSoftcap>
+// the others); kPacked: those of packed sequences (varlen); each in
+// translation units of their own.
+template <DType kDType, int kHeadDim, bool kSoftcap, bool kPacked>
 Status run_backward_instance(BackwardArgs const& a, DeviceInfo const& device, cudaStream_t stream);
 
 }  // namespace flash3::bwd

@@ -57,11 +57,16 @@ CUTE_HOST_DEVICE constexpr auto ss_atom() {
   else return GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kN>, _16>, kMajorA, kMajorB>();
 }
 
-template <class Element_, int kHeadDim_, bool kCausal_, bool kSoftcap_ = false>
+template <class Element_, int kHeadDim_, bool kCausal_, bool kSoftcap_ = false, bool kPacked_ = false>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kCausal = kCausal_;
+  // Packed sequences (varlen): each CTA's sequence offsets and lengths, read
+  // from device memory (as runtime branches they lengthened every kernel).
+  // Built as the masked kernel alone, which serves unmasked calls too.
+  static constexpr bool kPacked = kPacked_;
+  static_assert(!kPacked || kCausal, "packed sequences run on the masked kernel");
   // Softcapping's kernels: its code, skipped at run time, lengthened the
   // mainloop of the others (and cost their head dim 64 about 2%).
   static constexpr bool kSoftcap = kSoftcap_;
@@ -239,6 +244,9 @@ struct BwdTraits {
     typename PipelinedQ::SharedStorage pipeline_dq;
     cutlass::arch::ClusterTransactionBarrier barrier_kv;
     int arrival;  // a split tile's part: how many parts had arrived before it
+    // Packed sequences: the CTA's sequence (bwd/sequence.h), written before
+    // the roles start, read where used rather than held in registers.
+    int sequence[kPacked ? 6 : 1];
   };
   static_assert(sizeof(SharedStorage) <= 227 * 1024, "tile sizes overflow shared memory");
 };
@@ -248,6 +256,7 @@ enum class Barrier : uint32_t {
   kdSReady = 0,   // consumers: both halves of dS_i are in shared memory
   kEpilogue = 1,  // consumers: K's and V's buffers are free / dK and dV are in them
   kPReady = 2,    // consumers, head dim split: both halves of P_i are in shared memory
+  kRowsZeroed = 3,  // consumers, packed sequences: the rows past a sequence are zeroed (Mainloop::zero_rows_from)
 };
 
 // Where register i of consumer thread t puts its value in a tile's fp32

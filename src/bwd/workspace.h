@@ -5,6 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/host_device.h"
+#include "flash3/flash3.h"
+
 namespace flash3::bwd {
 
 // Query rows per step of the backward mainloop, and keys per CTA (80 at
@@ -46,6 +49,19 @@ struct WorkspaceLayout {
   int64_t m_blocks = 0;
 };
 
+// Packed sequences (varlen) lay out the per-row workspace (dQ accumulator,
+// LSE, D, dQ tile counters) as one batch entry per head, each sequence's
+// rows from a block boundary of their own so that a block holds one
+// sequence: sequence b from block cu_seqlens_q[b] / block_m + b, which lies
+// past the blocks of sequence b - 1; the host, which never reads
+// cu_seqlens, bounds the blocks of all by total_q / block_m + batch.
+FLASH3_HOST_DEVICE int64_t packed_first_block(int64_t cu_seqlen_q, int64_t b, int64_t block_m) {
+  return cu_seqlen_q / block_m + b;
+}
+FLASH3_HOST_DEVICE int64_t packed_row_blocks(int64_t total_q, int64_t batch, int64_t block_m) {
+  return packed_first_block(total_q, batch, block_m);
+}
+
 inline WorkspaceLayout workspace_layout(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                                         int64_t heads_kv, int64_t head_dim, bool causal, bool deterministic) {
   WorkspaceLayout w;
@@ -76,6 +92,26 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t seqlen_q, int64_t
   w.split_sums = take(size_t(w.split_tiles) * split_tile_bytes(head_dim));
   w.bytes = offset;
   return w;
+}
+
+// Packed sequences: one batch entry of packed_row_blocks() blocks a head
+// and of total_k keys; no split last wave (their kernel is the masked one,
+// bwd/dispatch.h).
+inline WorkspaceLayout packed_workspace_layout(int64_t batch, int64_t total_q, int64_t total_k, int64_t heads_q,
+                                               int64_t heads_kv, int64_t head_dim, bool deterministic) {
+  int64_t const block_m = bwd_block_m(head_dim);
+  return workspace_layout(1, packed_row_blocks(total_q, batch, block_m) * block_m, total_k, heads_q, heads_kv,
+                          head_dim, /*causal=*/true, deterministic);
+}
+
+// The layout of a call's workspace (the API's size query and the launch).
+inline WorkspaceLayout workspace_layout_of(BackwardArgs const& a) {
+  if (a.varlen.cu_seqlens_q != nullptr) {
+    return packed_workspace_layout(a.batch, a.varlen.total_q, a.varlen.total_k, a.heads_q, a.heads_kv, a.head_dim,
+                                   a.deterministic);
+  }
+  return workspace_layout(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim, a.causal,
+                          a.deterministic);
 }
 
 }  // namespace flash3::bwd

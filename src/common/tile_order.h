@@ -48,8 +48,8 @@ struct TileOrder {
   //
   // Sections are then made equal: a short last section holds too little work
   // to cover its own longest tiles.
-  static TileOrder make(int num_m_blocks, int num_heads, int num_batch, int64_t kv_bytes_per_head,
-                            int64_t l2_bytes, bool causal = false, int num_ctas = 1) {
+  FLASH3_HOST_DEVICE static TileOrder make(int num_m_blocks, int num_heads, int num_batch, int64_t kv_bytes_per_head,
+                                           int64_t l2_bytes, bool causal = false, int num_ctas = 1) {
     TileOrder s;
     s.num_m_blocks = num_m_blocks;
     s.num_heads = num_heads;

@@ -28,7 +28,21 @@ bool launch_if_selected(ForwardArgs const& a, DeviceInfo const& device, cudaStre
     if (kRow.selected_by(a.dtype, int(a.head_dim), a.options, a.fp8.out_dtype)) {
       using Element = ElementOf<kDType>;
       Window const w = window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k);
-      if (w.left >= 0 || (!a.causal && w.right >= 0)) {
+      bool const window = w.left >= 0 || (!a.causal && w.right >= 0);
+      // Packed sequences: kernels of their own, built for the rows with
+      // every technique on, bf16 and fp16 (validate() refuses the others).
+      if (a.varlen.cu_seqlens_q != nullptr) {
+        if constexpr (kRow.variant.all_techniques() && kDType != DType::kE4M3) {
+          constexpr Variant kPacked = kRow.variant.with_packed(true);
+          status = window   ? launch_forward<FwdTraits<Element, kHeadDim, kPacked.with_mask(false, true)>>(a, device, stream)
+                   : a.causal ? launch_forward<FwdTraits<Element, kHeadDim, kPacked.with_mask(true, false)>>(a, device, stream)
+                              : launch_forward<FwdTraits<Element, kHeadDim, kPacked.with_mask(false, false)>>(a, device, stream);
+        } else {
+          status = Status(Status::Code::kUnsupported, "varlen: no packed kernel for these options or dtype");
+        }
+        return true;
+      }
+      if (window) {
         if constexpr (kRow.variant.all_techniques()) {
           status = launch_forward<FwdTraits<Element, kHeadDim, kRow.variant.with_mask(false, true)>>(a, device, stream);
         } else {

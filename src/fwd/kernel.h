@@ -53,7 +53,7 @@ struct Kernel {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
   CUTE_DEVICE static BlockRange range_of(Params const& params, TileCoord tile) {
-    return block_range(params.mainloop.mask_policy(), tile.m_block, Traits::kBlockM, Traits::kBlockN,
+    return block_range(params.mainloop.mask_policy(tile.batch), tile.m_block, Traits::kBlockM, Traits::kBlockN,
                        params.mainloop.row_offset);
   }
 

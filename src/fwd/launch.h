@@ -14,19 +14,21 @@
 #include "common/scale_view.h"
 #include "common/softcap.h"
 #include "common/tile_scheduler.h"
+#include "common/varlen_scheduler.h"
 #include "flash3/flash3.h"
 #include "fwd/kernel.h"
 #include "fwd/kernel_no_ws.h"
 
 namespace flash3::fwd {
 
-// The kernel of a variant: Algorithm 1's warp-specialized kernel, or the
-// ablation's without a producer.
+// The kernel of a variant: Algorithm 1's warp-specialized kernel (packed
+// sequences' with their scheduler), or the ablation's without a producer.
 template <class Traits>
-using ForwardKernel =
-    std::conditional_t<Traits::kWarpSpecialized,
-                       Kernel<Mainloop<Traits>, Epilogue<Traits>, PersistentTileScheduler>,
-                       KernelNoWS<Mainloop<Traits>, Epilogue<Traits>, PersistentTileScheduler>>;
+using ForwardKernel = std::conditional_t<
+    Traits::kWarpSpecialized,
+    Kernel<Mainloop<Traits>, Epilogue<Traits>,
+           std::conditional_t<Traits::kPacked, VarlenTileScheduler, PersistentTileScheduler>>,
+    KernelNoWS<Mainloop<Traits>, Epilogue<Traits>, PersistentTileScheduler>>;
 
 template <class Traits>
 Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
@@ -43,15 +45,24 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   }
   // FwdTraits::kPartialTileFirst: the first tile starts above the sequence
   // by whole warpgroups' 64 rows.
-  int const row_offset = first_tile_row_offset(a.seqlen_q, Traits::kBlockM, Traits::kPartialTileFirst);
+  // Packed sequences (varlen) are one batch entry of total rows; each
+  // starts at a tile of its own (no partial tile first).
+  constexpr bool packed = Traits::kPacked;
+  SequenceLengths const lengths{a.varlen.cu_seqlens_q, a.varlen.cu_seqlens_k, a.varlen.seqused_q,
+                                a.varlen.seqused_k};
+  int64_t const rows_q = packed ? a.varlen.total_q : a.seqlen_q, rows_k = packed ? a.varlen.total_k : a.seqlen_k;
+  int64_t const entries = packed ? 1 : a.batch;
+  int const row_offset =
+      packed ? 0 : first_tile_row_offset(a.seqlen_q, Traits::kBlockM, Traits::kPartialTileFirst);
   params.mainloop = KernelT::MainloopT::make_params(
-      gmem_tensor<Traits>(a.q, a.seqlen_q, a.heads_q, a.batch), gmem_tensor<Traits>(a.k, a.seqlen_k, a.heads_kv, a.batch),
-      gmem_tensor<Traits>(a.v, a.seqlen_k, a.heads_kv, a.batch), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
-      int(a.seqlen_k), row_offset, window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k), scale,
-      softcap_of(a.softcap, scale), q_scale, k_scale, v_scale);
+      gmem_tensor<Traits>(a.q, rows_q, a.heads_q, entries), gmem_tensor<Traits>(a.k, rows_k, a.heads_kv, entries),
+      gmem_tensor<Traits>(a.v, rows_k, a.heads_kv, entries), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
+      int(a.seqlen_k), lengths, row_offset,
+      window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k), scale, softcap_of(a.softcap, scale),
+      q_scale, k_scale, v_scale);
   params.epilogue = Epilogue<Traits>::make_params(
-      gmem_tensor<Traits, void*, typename Traits::ElementO>(a.o, a.seqlen_q, a.heads_q, a.batch), a.lse, a.sinks,
-      int(a.seqlen_q), int(a.heads_q), row_offset);
+      gmem_tensor<Traits, void*, typename Traits::ElementO>(a.o, rows_q, a.heads_q, entries), a.lse, a.sinks,
+      int(a.seqlen_q), int(a.heads_q), row_offset, lengths, int(rows_q));
 
   int const num_m_blocks = int((a.seqlen_q + row_offset + Traits::kBlockM - 1) / Traits::kBlockM);
   // K and V bytes one query head reads, shared by the heads of its GQA group.
@@ -61,8 +72,21 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   cudaError_t err = allow_dynamic_smem<forward_kernel<KernelT>>(device.id, KernelT::kSmemBytes);
   typename KernelT::Scheduler::Launch launch;
   if (err == cudaSuccess) {
-    err = launch.prepare(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, Traits::kCausal, a.options.persistent,
-                         device, a.tile_counter, stream);
+    if constexpr (packed) {
+      VarlenTileOrder order;
+      order.lengths = lengths;
+      order.batch = int(a.batch);
+      order.num_heads = int(a.heads_q);
+      order.block_m = Traits::kBlockM;
+      order.block_n = Traits::kBlockN;
+      order.kv_bytes_per_key = 2 * a.head_dim * int64_t(sizeof(typename Traits::Element)) / (a.heads_q / a.heads_kv);
+      order.causal = Traits::kCausal;
+      int64_t const max_tiles = int64_t(num_m_blocks) * a.heads_q * a.batch;
+      err = launch.prepare(order, int(std::min<int64_t>(max_tiles, INT_MAX)), device, a.tile_counter, stream);
+    } else {
+      err = launch.prepare(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, Traits::kCausal,
+                           a.options.persistent, device, a.tile_counter, stream);
+    }
   }
   if (err == cudaSuccess) {
     params.scheduler = launch.params();

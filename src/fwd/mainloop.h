@@ -10,6 +10,7 @@
 #include "common/layout.h"
 #include "common/scale_view.h"
 #include "common/softcap.h"
+#include "common/varlen_tiles.h"
 #include "common/tile_order.h"
 #include "fwd/block_range.h"
 #include "fwd/descale.h"
@@ -80,8 +81,9 @@ struct Mainloop {
     GmemShape shape_q;
     GmemShape shape_k;
     int head_group;  // heads_q / heads_kv: query heads sharing one K/V head
-    int seqlen_q;
+    int seqlen_q;      // packed sequences: the longest's
     int seqlen_k;
+    SequenceLengths lengths;  // packed sequences (varlen), or none
     int row_offset;    // rows above the sequence in the first tile (tile_first_row)
     int window_left;   // the call's Window (the masked kernel's only)
     int window_right;
@@ -93,18 +95,27 @@ struct Mainloop {
     ScaleView k_scale;
     ScaleView v_scale;
 
-    // The mask policy of the kernel's calls: the causal mask's at compile
+    // A batch entry's sequence: its lengths, and where its rows start in
+    // the packed tensors (0 for fixed-length batches, whose entries are
+    // TMA's batch coordinate instead).
+    CUTE_DEVICE int seq_q(int batch) const { return Traits::kPacked ? lengths.q(batch) : seqlen_q; }
+    CUTE_DEVICE int seq_k(int batch) const { return Traits::kPacked ? lengths.k(batch) : seqlen_k; }
+    CUTE_DEVICE int first_q(int batch) const { return Traits::kPacked ? lengths.cu_seqlens_q[batch] : 0; }
+    CUTE_DEVICE int first_k(int batch) const { return Traits::kPacked ? lengths.cu_seqlens_k[batch] : 0; }
+
+    // The mask policy of a batch entry's tiles: the causal mask's at compile
     // time, or a window's from the call's bounds (read from the parameters
     // where used, not held in registers).
-    CUTE_HOST_DEVICE MaskPolicy mask_policy() const {
-      if constexpr (Traits::kWindow) return MaskPolicy{seqlen_q, seqlen_k, false, window_left, window_right};
-      return MaskPolicy{seqlen_q, seqlen_k, Traits::kCausal};
+    CUTE_DEVICE MaskPolicy mask_policy(int batch) const { return policy_of(seq_q(batch), seq_k(batch)); }
+    CUTE_DEVICE MaskPolicy policy_of(int sq, int sk) const {
+      if constexpr (Traits::kWindow) return MaskPolicy{sq, sk, false, window_left, window_right};
+      return MaskPolicy{sq, sk, Traits::kCausal};
     }
   };
 
   static Params make_params(GmemTensor const& q, GmemTensor const& k, GmemTensor const& v, int head_group,
-                            int seqlen_q, int seqlen_k, int row_offset, Window window, float softmax_scale,
-                            Softcap softcap, ScaleView q_scale = {}, ScaleView k_scale = {}, ScaleView v_scale = {}) {
+                            int seqlen_q, int seqlen_k, SequenceLengths lengths, int row_offset, Window window,
+                            float softmax_scale, Softcap softcap, ScaleView q_scale = {}, ScaleView k_scale = {}, ScaleView v_scale = {}) {
     return {make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(SmemLayoutQ{}), select<0, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(SmemLayoutV{}), select<1, 2>(TileShapeQK{}), _1{}),
@@ -113,6 +124,7 @@ struct Mainloop {
             head_group,
             seqlen_q,
             seqlen_k,
+            lengths,
             row_offset,
             window.left,
             window.right,
@@ -160,9 +172,18 @@ struct Mainloop {
     CUTE_DEVICE void q() const {
       pipeline_q.producer_acquire(write_q);
       if (leader) {
-        // Rows above the sequence (a causal launch's first tile) load as zeros.
-        Tensor mQ = domain_offset(make_coord(-p.row_offset, _0{}),
-                                  p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, tile.batch));
+        // Rows above the sequence (a causal launch's first tile) load as
+        // zeros; a packed sequence's last tile reads the next one's first
+        // rows, whose outputs are not stored.
+        Tensor mQ = [&] {
+          if constexpr (Traits::kPacked) {
+            return domain_offset(make_coord(p.first_q(tile.batch) - p.row_offset, _0{}),
+                                 p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, 0));
+          } else {
+            return domain_offset(make_coord(-p.row_offset, _0{}),
+                                 p.tma_q.get_tma_tensor(p.shape_q)(_, _, tile.head, tile.batch));
+          }
+        }();
         Tensor gQ = local_tile(mQ, select<0, 2>(TileShapeQK{}), make_coord(tile.m_block, _0{}));
         Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
         auto tma = p.tma_q.get_slice(_0{});
@@ -181,8 +202,18 @@ struct Mainloop {
                            int n_block) const {
       pipeline.producer_acquire(write);
       if (leader) {
-        Tensor g = local_tile(tma.get_tma_tensor(p.shape_k)(_, _, head_kv, tile.batch),
+        // A packed sequence's last block reads the next one's first keys,
+        // which the mask hides (seq_k).
+        Tensor g = [&] {
+          if constexpr (Traits::kPacked) {
+            return local_tile(domain_offset(make_coord(p.first_k(tile.batch), _0{}),
+                                            tma.get_tma_tensor(p.shape_k)(_, _, head_kv, 0)),
                               select<1, 2>(TileShapeQK{}), make_coord(n_block, _0{}));
+          } else {
+            return local_tile(tma.get_tma_tensor(p.shape_k)(_, _, head_kv, tile.batch), select<1, 2>(TileShapeQK{}),
+                              make_coord(n_block, _0{}));
+          }
+        }();
         Tensor s = make_tensor(make_smem_ptr(buffer), layout);  // (N, d, stages)
         auto slice = tma.get_slice(_0{});
         copy(tma.with(*pipeline.producer_get_barrier(write)), slice.partition_S(g),
@@ -288,6 +319,23 @@ struct Mainloop {
                               DeferredEpilogue<Epilogue>& previous_epilogue) {
     int const warp_group = thread_idx / cutlass::NumThreadsPerWarpGroup;
     if constexpr (!Traits::kIntraWGOverlap) previous_epilogue();
+    // Packed sequences: this tile's lengths into the warpgroup's slot, which
+    // the mask reads in the loop (each thread writes the same values before
+    // it reads them).
+    if constexpr (Traits::kPacked) {
+      int* slot = smem.sequence[consumer_group()];
+      slot[0] = p.seq_q(tile.batch);
+      slot[1] = p.seq_k(tile.batch);
+    }
+    // The mask policy inside the loop, from the parameters or that slot.
+    auto loop_mask_policy = [&] {
+      if constexpr (Traits::kPacked) {
+        int const* slot = smem.sequence[consumer_group()];
+        return p.policy_of(slot[0], slot[1]);
+      } else {
+        return p.policy_of(p.seqlen_q, p.seqlen_k);
+      }
+    };
     if constexpr (Traits::kWarpSpecialized) {
       // The key blocks this warpgroup's own 64 rows see. A warpgroup whose
       // rows all lie outside the sequence (past seqlen_q in its last M-block,
@@ -301,7 +349,7 @@ struct Mainloop {
       // mainloop's R2UR moves: that kernel keeps every warpgroup busy.)
       int const group = cutlass::canonical_warp_group_idx() - 1;
       BlockRange const own =
-          warpgroup_block_range(p.mask_policy(), tile.m_block, kBlockM, group, kBlockN, p.row_offset);
+          warpgroup_block_range(p.mask_policy(tile.batch), tile.m_block, kBlockM, group, kBlockN, p.row_offset);
       if (own.empty()) {
         // Q's load is still waited for: with every warpgroup idle (a tile
         // whose rows all see no key) nothing else would, and the CTA could
@@ -381,7 +429,7 @@ struct Mainloop {
       // in head dim 64's causal kernel. With two they stay hoisted (10-25
       // fewer instructions per masked block).
       if constexpr (decltype(needs_mask)::value) {
-        MaskT::apply(p.mask_policy(), p.row_offset, acc_s, tile.m_block, n_block,
+        MaskT::apply(loop_mask_policy(), p.row_offset, acc_s, tile.m_block, n_block,
                      Traits::kNumConsumerWarpGroups == 3 ? Traits::consumer_thread_idx() : thread_idx);
       }
       max_moved = softmax.step(acc_s, o_scale, scale_log2);
@@ -395,7 +443,7 @@ struct Mainloop {
     auto masked_below = [&]() {
       if constexpr (!Traits::kWindow) return 0;
       int const last_row = tile_first_row(tile.m_block, kBlockM, p.row_offset) + kBlockM - 1;
-      return p.mask_policy().key_blocks_masked_below(last_row, kBlockN);
+      return p.mask_policy(tile.batch).key_blocks_masked_below(last_row, kBlockN);
     };
     int const n_block_unmasked_min = Traits::kWindow ? max(masked_below(), range.n_block_min) : range.n_block_min;
 
@@ -529,6 +577,11 @@ struct Mainloop {
     } else {
       return smem.v.data();
     }
+  }
+
+  // The consumer warpgroup's index from 0, read afresh (warp-uniform, no register held).
+  CUTE_DEVICE static int consumer_group() {
+    return cutlass::canonical_warp_group_idx() - (Traits::kWarpSpecialized ? 1 : 0);
   }
 
   // Q's buffer is free once this thread's last QK^T has completed.

@@ -21,7 +21,9 @@ struct TileSize {
   int stages;
 };
 
-constexpr TileSize tile_size(int head_dim, bool fp8, bool window = false) {
+// extra_mask_registers: a window's kernel, or packed sequences' causal one,
+// whose masks hold more registers than the plain causal mask's.
+constexpr TileSize tile_size(int head_dim, bool fp8, bool extra_mask_registers = false) {
   if (fp8) {
     // Head dim 64: three consumer warpgroups as for BF16, and a third stage
     // that gives V's transpose room to run ahead of the PV GEMMs. Head dim
@@ -39,9 +41,10 @@ constexpr TileSize tile_size(int head_dim, bool fp8, bool window = false) {
     // block is largest, and a third warpgroup hides more of it. Causal too,
     // since each warpgroup walks only the key blocks its own rows see
     // (Mainloop::mma), so a taller tile meets no more diagonal blocks.
-    // A window's kernel masks both edges of its blocks: at d = 64 its three
+    // A window's kernel masks both edges of its blocks, packed sequences'
+    // causal kernel reads each sequence's lengths: at d = 64 their three
     // warpgroups' 160 registers spill, two warpgroups' 240 do not.
-    case 64: return window ? TileSize{128, 128, 2} : TileSize{192, 128, 2};
+    case 64: return extra_mask_registers ? TileSize{128, 128, 2} : TileSize{192, 128, 2};
     case 96: return {128, 128, 2};
     case 128: return {128, 128, 2};
     case 192: return {128, 96, 2};

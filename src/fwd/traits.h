@@ -29,6 +29,7 @@ struct FwdTraits {
   using ElementO = std::conditional_t<kFp8, ElementOf<kVariant.fp8_out>, Element>;
   static constexpr bool kCausal = kVariant.causal;  // the masked kernel (fwd/variants.h)
   static constexpr bool kWindow = kVariant.window;
+  static constexpr bool kPacked = kVariant.packed;  // packed sequences (varlen)
   static constexpr bool kPingpong = kVariant.pingpong;
   // The window kernels from head dim 192 and in FP8 run Algorithm 1's
   // iteration: with the overlap's S_next and P both live they spill.
@@ -38,7 +39,7 @@ struct FwdTraits {
   // consumers issue the TMA loads themselves, between their GEMMs.
   static constexpr bool kWarpSpecialized = kVariant.warp_specialization;
 
-  static constexpr TileSize kTile = tile_size(kHeadDim, kFp8, kWindow);
+  static constexpr TileSize kTile = tile_size(kHeadDim, kFp8, kWindow || (kPacked && kCausal));
   // OnlineSoftmax's lazy row max, where skipping O's rescale (d/2 multiplies
   // per thread and key block) pays for the check: from head dim 128 on.
   static constexpr bool kLazyRowMax = !kFp8 && kHeadDim >= 128;
@@ -208,6 +209,10 @@ struct FwdTraits {
     // a producer (the ablation) the consumers compute them.
     int tile_index;
     TileCoord tile;
+    // Packed sequences: each consumer warpgroup's tile's (seqlen_q,
+    // seqlen_k), for the mask inside its mainloop (fewer registers held
+    // across it).
+    int sequence[kPacked ? kNumConsumerWarpGroups : 1][2];
     std::conditional_t<kFp8, float[kQStages], None> q_descale;  // FP8: Q's descale, published with Q by pipeline_q
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit, "tile sizes overflow shared memory");

@@ -21,6 +21,7 @@ struct Variant {
   bool intra_warpgroup_overlap = true;  // §3.2, Algorithm 2
   bool warp_specialization = true;      // Algorithm 1's producer warpgroup
   DType fp8_out = DType::kBF16;         // FP8 only: O's dtype
+  bool packed = false;                  // packed sequences (varlen): their own scheduler and offsets
 
   constexpr Variant with_mask(bool causal, bool window) const {
     Variant v = *this;
@@ -28,7 +29,12 @@ struct Variant {
     v.window = window;
     return v;
   }
-  // Every technique on: the variants the window kernels are built for.
+  constexpr Variant with_packed(bool p) const {
+    Variant v = *this;
+    v.packed = p;
+    return v;
+  }
+  // Every technique on: the variants the window and packed kernels are built for.
   constexpr bool all_techniques() const { return pingpong && intra_warpgroup_overlap && warp_specialization; }
 };
 

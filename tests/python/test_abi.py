@@ -20,7 +20,7 @@ HEADER = os.path.join(REPO, "include", "flash3", "flash3.h")
 _CTYPES = {"int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64, "bool": ctypes.c_bool, "float": ctypes.c_float,
            "DType": ctypes.c_int, "ScaleGranularity": ctypes.c_int, "Pointer": ctypes.c_void_p,
            "ConstTensor": _abi.TensorRef, "MutableTensor": _abi.TensorRef, "Fp8Scales": _abi.Fp8Scales,
-           "KernelOptions": _abi.KernelOptions}
+           "KernelOptions": _abi.KernelOptions, "Varlen": _abi.Varlen}
 
 
 def _strip_comments(text):
@@ -113,6 +113,46 @@ def test_forward_args_by_field_name():
     a = _ops.forward_args(q8, k8, k8, out.half(), lse, scales, 0.5, False, counter)
     assert (a.dtype, a.fp8.granularity, a.fp8.out_dtype) == (_abi.E4M3, _abi.PER_BLOCK, _abi.FP16)
     assert (a.fp8.q, a.fp8.k, a.fp8.v) == tuple(s.data_ptr() for s in scales)
+
+
+def _packed_ref_matches(ref, t):
+    return (ref.data, ref.batch_stride, ref.seq_stride, ref.head_stride, ref.dim_stride) == (t.data_ptr(), 0,
+                                                                                                *t.stride())
+
+
+def _varlen_inputs():
+    q, k = torch.empty(30, 6, 64, dtype=torch.bfloat16), torch.empty(50, 3, 64, dtype=torch.bfloat16)
+    cu_q, cu_k = torch.tensor([0, 10, 30], dtype=torch.int32), torch.tensor([0, 20, 48], dtype=torch.int32)
+    used_k = torch.tensor([20, 25], dtype=torch.int32)
+    return q, k, (cu_q, cu_k, None, used_k, 20, 28)
+
+
+def test_varlen_forward_args_by_field_name():
+    q, k, varlen = _varlen_inputs()
+    out, lse = torch.empty_like(q), torch.empty(6, 30)
+    a = _ops.varlen_forward_args(q, k, k, out, lse, 0.25, True, None, varlen)
+    assert _sizes(a) == (_abi.BF16, 2, 20, 28, 6, 3, 64)
+    for ref, t in ((a.q, q), (a.k, k), (a.v, k), (a.o, out)):
+        assert _packed_ref_matches(ref, t)
+    assert (a.varlen.cu_seqlens_q, a.varlen.cu_seqlens_k, a.varlen.seqused_q, a.varlen.seqused_k) == (
+        varlen[0].data_ptr(), varlen[1].data_ptr(), None, varlen[3].data_ptr())
+    assert (a.varlen.total_q, a.varlen.total_k, a.lse, a.causal, a.tile_counter) == (30, 50, lse.data_ptr(), True,
+                                                                                    None)
+
+
+def test_varlen_backward_args_by_field_name():
+    q, k, varlen = _varlen_inputs()
+    out, lse, dq, dk = torch.empty_like(q), torch.empty(6, 30), torch.empty_like(q), torch.empty_like(k)
+    sinks, dsinks = torch.empty(6), torch.empty(6)
+    a = _ops.varlen_backward_args(q, q, k, k, out, lse, dq, dk, dk, 0.5, False, True, varlen, sinks, dsinks,
+                                  (7, -1, 30.0))
+    assert _sizes(a) == (_abi.BF16, 2, 20, 28, 6, 3, 64)
+    for ref, t in ((a.q, q), (a.k, k), (a.v, k), (a.o, out), (a.dout, q), (a.dq, dq), (a.dk, dk), (a.dv, dk)):
+        assert _packed_ref_matches(ref, t)
+    assert (a.varlen.cu_seqlens_q, a.varlen.seqused_k, a.varlen.total_q, a.varlen.total_k) == (
+        varlen[0].data_ptr(), varlen[3].data_ptr(), 30, 50)
+    assert (a.window_left, a.window_right, a.softcap, a.deterministic) == (7, -1, 30.0, True)
+    assert (a.sinks, a.dsinks, a.workspace) == (sinks.data_ptr(), dsinks.data_ptr(), None)
 
 
 def test_backward_args_by_field_name():

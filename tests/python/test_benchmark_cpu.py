@@ -268,3 +268,26 @@ def test_cli_without_gpu_exits_2(mode):
     out = run_cli(*mode)
     assert out.returncode == 2
     assert "no CUDA device" in out.stderr and "Traceback" not in out.stderr
+
+
+# ---- the variable-length benchmark's batches -------------------------------------------------
+
+def test_log_uniform_documents_fill_the_tokens_in_range():
+    packing = load_in_package("packing")
+    lengths = packing.log_uniform_lengths(16384, 128, 8192, 34)
+    assert sum(lengths) == 16384 and all(1 <= n <= 8192 for n in lengths[:-1])
+    assert lengths == packing.log_uniform_lengths(16384, 128, 8192, 34)  # seeded
+    assert packing.cu_seqlens([3, 0, 5]) == [0, 3, 3, 8]
+
+
+def test_packed_flops_are_the_documents_own():
+    packing = load_in_package("packing")
+    sweep = load("sweep")
+    lengths = [1000, 3000]
+    assert packing.packed_flops("fwd", 128, False, 16, lengths) == sum(
+        sweep.attention_flops("fwd", 128, False, 1, n, 16) for n in lengths)
+    # The token-weighted mean length: a fixed batch of it does the same FLOPs.
+    mean = packing.token_weighted_mean(lengths)
+    assert mean == (1000 ** 2 + 3000 ** 2) / 4000
+    assert packing.packed_flops("bwd", 64, True, 8, lengths) == pytest.approx(
+        sweep.attention_flops("bwd", 64, True, 1, 1, 8) * mean * sum(lengths), rel=1e-12)

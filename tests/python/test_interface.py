@@ -28,6 +28,58 @@ def qkv(b=2, sq=100, sk=70, hq=8, hkv=2, d=128, dtype=BF16, requires_grad=False)
 # ---- argument errors --------------------------------------------------------
 
 
+def packed(total_q=300, total_k=250, hq=8, hkv=2, d=128, batch=3, dtype=BF16, requires_grad=False):
+    """Packed q, k, v ([total, heads, head_dim]) and cu_seqlens_q/k on meta."""
+    return (meta(total_q, hq, d, dtype=dtype, requires_grad=requires_grad),
+            meta(total_k, hkv, d, dtype=dtype, requires_grad=requires_grad),
+            meta(total_k, hkv, d, dtype=dtype, requires_grad=requires_grad),
+            meta(batch + 1, dtype=torch.int32), meta(batch + 1, dtype=torch.int32))
+
+
+def _bad_varlen_calls():
+    q, k, v, cu_q, cu_k = packed()
+    f = flash3.flash_attn_varlen_func
+    i32 = torch.int32
+
+    def call(**changes):
+        a = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=120, max_seqlen_k=100)
+        a.update(changes)
+        return lambda: f(**a)
+
+    return [
+        ("varlen 4 dims", call(q=meta(2, 150, 8, 128)), ValueError, "q: must have 3 dims [total_tokens"),
+        ("varlen k dims", call(k=meta(1, 250, 2, 128)), ValueError, "k: must have 3 dims"),
+        ("varlen float32", call(q=meta(300, 8, 128, dtype=torch.float32)), ValueError, "q: dtype torch.float32"),
+        ("varlen fp8", call(q=meta(300, 8, 128, dtype=E4M3)), NotImplementedError, "q: the FP8"),
+        ("varlen head dim", call(k=meta(250, 2, 64), v=meta(250, 2, 64)), ValueError, "k: head_dim must be q's"),
+        ("varlen gqa", call(k=meta(250, 3, 128), v=meta(250, 3, 128)), ValueError, "k: its heads (3)"),
+        ("varlen v shape", call(v=meta(251, 2, 128)), ValueError, "v: shape must be k's"),
+        ("varlen cpu", call(q=torch.empty(300, 8, 128, dtype=BF16)), ValueError, "q: must be a CUDA tensor"),
+        ("cu_seqlens_q type", call(cu_seqlens_q=[0, 100, 300]), ValueError, "cu_seqlens_q: must be a torch.Tensor"),
+        ("cu_seqlens_q dtype", call(cu_seqlens_q=meta(4, dtype=torch.int64)), ValueError,
+         "cu_seqlens_q: must be torch.int32"),
+        ("cu_seqlens_q 2 dims", call(cu_seqlens_q=meta(4, 1, dtype=i32)), ValueError, "cu_seqlens_q: must be a vector"),
+        ("cu_seqlens_q empty", call(cu_seqlens_q=meta(0, dtype=i32)), ValueError, "cu_seqlens_q: must have batch + 1"),
+        ("cu_seqlens_q device", call(cu_seqlens_q=torch.zeros(4, dtype=i32)), ValueError,
+         "cu_seqlens_q: must be on q's device"),
+        ("cu_seqlens_k length", call(cu_seqlens_k=meta(5, dtype=i32)), ValueError,
+         "cu_seqlens_k: must be a vector of shape (4,)"),
+        ("cu_seqlens_k dtype", call(cu_seqlens_k=meta(4, dtype=torch.float32)), ValueError,
+         "cu_seqlens_k: must be torch.int32"),
+        ("seqused_q length", call(seqused_q=meta(4, dtype=i32)), ValueError, "seqused_q: must be a vector of shape (3,)"),
+        ("seqused_k dtype", call(seqused_k=meta(3, dtype=torch.int64)), ValueError, "seqused_k: must be torch.int32"),
+        ("max_seqlen_q negative", call(max_seqlen_q=-1), ValueError, "max_seqlen_q: must be an int >= 0"),
+        ("max_seqlen_k float", call(max_seqlen_k=100.0), ValueError, "max_seqlen_k: must be an int >= 0"),
+        ("max_seqlen_k none", call(max_seqlen_k=None), ValueError, "max_seqlen_k: must be an int >= 0"),
+        ("varlen sinks shape", call(sinks=meta(2)), ValueError, "sinks: must have shape (8,)"),
+        ("varlen window", call(window_size=(-2, 0)), ValueError, "window_size: each bound"),
+        ("varlen softcap", call(softcap=float("nan")), ValueError, "softcap: must be a finite number"),
+        ("varlen scale", call(softmax_scale=0.0), ValueError, "softmax_scale"),
+        ("varlen descale", call(q_descale=meta(1, dtype=torch.float32)), ValueError, "q_descale: descales are for"),
+        ("varlen num_splits", call(num_splits=2), NotImplementedError, "num_splits"),
+    ]
+
+
 def _bad_calls():
     q, k, v = qkv()
     q8, k8, v8 = qkv(dtype=E4M3)
@@ -97,6 +149,7 @@ def _bad_calls():
         ("sinks dtype", lambda: f(q, k, v, sinks=meta(8, dtype=torch.float64)), ValueError,
          "sinks: must be torch.float32"),
         ("sinks device", lambda: f(q, k, v, sinks=torch.zeros(8)), ValueError, "sinks: must be on q's device"),
+        *_bad_varlen_calls(),
         ("quantize dtype", lambda: flash3.quantize_fp8(q8, k8, v8), ValueError, "q: dtype torch.float8_e4m3fn"),
         ("quantize head dim", lambda: flash3.quantize_fp8(*qkv(d=96)), ValueError, "q: head_dim 96"),
         ("quantize granularity", lambda: flash3.quantize_fp8(q, k, v, granularity="row"), ValueError,
@@ -142,6 +195,29 @@ def test_forward_backward_shapes_on_meta(d, dtype):
     out.sum().backward()
     for t in (q, k, v):
         assert (t.grad.shape, t.grad.dtype, t.grad.stride()) == (t.shape, dtype, t.contiguous().stride())
+
+
+@pytest.mark.parametrize("with_seqused", [False, True], ids=["cu_seqlens", "seqused"])
+def test_varlen_shapes_on_meta(with_seqused):
+    q, k, v, cu_q, cu_k = packed(total_q=301, total_k=257, hq=6, hkv=2, d=64, batch=4, requires_grad=True)
+    sinks = meta(6, dtype=torch.float32, requires_grad=True)
+    used = dict(seqused_q=meta(4, dtype=torch.int32), seqused_k=meta(4, dtype=torch.int32)) if with_seqused else {}
+    out, lse = flash3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 120, 99, causal=True, return_attn_probs=True,
+                                             window_size=(50, 0), softcap=20.0, sinks=sinks, **used)
+    assert (out.shape, out.dtype, out.stride()) == ((301, 6, 64), BF16, (6 * 64, 64, 1))
+    assert (lse.shape, lse.dtype, lse.stride()) == ((6, 301), torch.float32, (301, 1))
+    assert out.requires_grad and not lse.requires_grad
+    out.sum().backward()
+    for t in (q, k, v):
+        assert (t.grad.shape, t.grad.dtype) == (t.shape, BF16)
+    assert sinks.grad.shape == (6,)
+
+
+def test_varlen_default_fa3_arguments_are_accepted():
+    q, k, v, cu_q, cu_k = packed()
+    out = flash3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 120, 100, None, None, None, False, None, None, None,
+                                        None, [-1, -1], 0, 0.0, 1, None, False, 0, False)
+    assert out.shape == q.shape
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
@@ -255,6 +331,25 @@ def _op_cases():
         ("bwd sinks", torch.ops.flash3.bwd.default,
          (d[0], *d, d[0], lse, 0.125, False, False, meta(4, dtype=torch.float32))),
         ("quantize", torch.ops.flash3.quantize_fp8.default, (*d, _abi.PER_BLOCK, True, 1)),
+        *_varlen_op_cases(),
+    ]
+
+
+def _varlen_op_cases():
+    q, k, v, cu_q, cu_k = packed(total_q=130, total_k=100, hq=4, hkv=2, d=64, batch=3, requires_grad=True)
+    used = meta(3, dtype=torch.int32)
+    lse = meta(4, 130, dtype=torch.float32)
+    d = [t.detach() for t in (q, k, v)]
+    sinks = meta(4, dtype=torch.float32, requires_grad=True)
+    return [
+        ("varlen fwd", torch.ops.flash3.varlen_fwd.default,
+         (q, k, v, cu_q, cu_k, None, None, 60, 50, 0.125, True, False)),
+        ("varlen fwd all", torch.ops.flash3.varlen_fwd.default,
+         (q, k, v, cu_q, cu_k, used, used, 60, 50, 0.125, False, True, sinks, 30, 4, 15.0)),
+        ("varlen bwd", torch.ops.flash3.varlen_bwd.default,
+         (d[0], *d, d[0], lse, cu_q, cu_k, None, used, 60, 50, 0.125, True, True)),
+        ("varlen bwd sinks", torch.ops.flash3.varlen_bwd.default,
+         (d[0], *d, d[0], lse, cu_q, cu_k, None, None, 60, 50, 0.125, False, False, sinks.detach(), -1, -1, 30.0)),
     ]
 
 
@@ -289,6 +384,24 @@ def test_compile_aot_eager_on_meta_with_backward():
     x = meta(2, 33, 256, requires_grad=True)
     torch.compile(block, backend="aot_eager", fullgraph=True, dynamic=True)(x).sum().backward()
     assert x.grad.shape == x.shape
+
+
+def test_compile_fullgraph_varlen_on_meta():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    q, k, v, cu_q, cu_k = packed(requires_grad=True)
+
+    def step(q, k, v, cu_q, cu_k):
+        return flash3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 120, 100, causal=True).float().square().sum()
+
+    torch.compile(step, backend=backend, fullgraph=True)(q, k, v, cu_q, cu_k).backward()
+    assert q.grad.shape == q.shape and len(graphs) == 1
+    assert any(n.target is torch.ops.flash3.varlen_fwd.default for n in graphs[0].graph.nodes)
 
 
 def test_make_fx_records_the_operators():

@@ -1,0 +1,52 @@
+// Packed sequences (varlen) in the backward kernels: a sequence's lengths
+// and offsets, from the device arrays (common/varlen_tiles.h's
+// SequenceLengths). The main kernel reads them once per CTA into a slot of
+// shared memory (BwdTraits::SharedStorage::sequence), where every role reads
+// them when needed: held in registers across the mainloop they would cost
+// the consumers' GEMMs theirs.
+#pragma once
+
+#include "bwd/workspace.h"
+#include "common/host_device.h"
+#include "common/varlen_tiles.h"
+
+namespace flash3::bwd {
+
+// The slot's entries.
+enum SequenceField : int {
+  kSeqQ = 0,        // query rows that take part (seqused_q, or the packed length)
+  kSeqK = 1,        // keys that take part
+  kLenK = 2,        // packed keys: dK and dV rows written (zeros past kSeqK)
+  kFirstQ = 3,      // the sequence's first packed query row
+  kFirstK = 4,      // its first packed key row
+  kFirstBlock = 5,  // its first block of the workspace's rows (packed_first_block)
+  kSequenceFields = 6,
+};
+
+// Packed lengths (rows written), as opposed to SequenceLengths' rows that take part.
+FLASH3_HOST_DEVICE int packed_len_q(SequenceLengths const& l, int b) { return l.cu_seqlens_q[b + 1] - l.cu_seqlens_q[b]; }
+FLASH3_HOST_DEVICE int packed_len_k(SequenceLengths const& l, int b) { return l.cu_seqlens_k[b + 1] - l.cu_seqlens_k[b]; }
+
+FLASH3_HOST_DEVICE void read_sequence(int* slot, SequenceLengths const& l, int b, int block_m) {
+  slot[kSeqQ] = l.q(b);
+  slot[kSeqK] = l.k(b);
+  slot[kLenK] = packed_len_k(l, b);
+  slot[kFirstQ] = l.cu_seqlens_q[b];
+  slot[kFirstK] = l.cu_seqlens_k[b];
+  slot[kFirstBlock] = int(packed_first_block(l.cu_seqlens_q[b], b, block_m));
+}
+
+// The sequence whose workspace blocks hold block `block` of a head's rows
+// (the last b with packed_first_block(b) <= block; blocks past the last
+// sequence's fall to it), by binary search over cu_seqlens_q.
+FLASH3_HOST_DEVICE int sequence_of_block(SequenceLengths const& l, int batch, int block, int block_m) {
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    int const mid = (lo + hi + 1) / 2;
+    if (packed_first_block(l.cu_seqlens_q[mid], mid, block_m) <= block) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+}  // namespace flash3::bwd
