@@ -26,4 +26,30 @@ class TileCounter {
   bool graph_owned_ = false;
 };
 
+#if defined(__CUDACC__)
+// The claims on a counter, by the persistent schedulers: made by one warp
+// (its lane 0) and split in two, so that the atomic's round trip to L2
+// passes while the warp waits for something else (the producer: the stage
+// of its tile's last block). counter nullptr: no more tiles than CTAs, each
+// takes the tile after its own by the grid's stride.
+//
+// A launch makes exactly num_tiles claims: claims 0 .. num_tiles - grid - 1
+// hand out the tiles past the first wave, and each CTA stops after one claim
+// more. The last claim is therefore num_tiles - 1; it zeroes the counter, so
+// the next launch on the stream needs no memset.
+__device__ __forceinline__ int claim_issue(int* counter) {
+  bool const issues = counter != nullptr && threadIdx.x % 32 == 0;
+  return issues ? atomicAdd(counter, 1) : 0;
+}
+__device__ __forceinline__ int claimed_tile(int* counter, int tile, int claim, int num_tiles) {
+  if (counter == nullptr) return tile + int(gridDim.x);
+  int next = 0;
+  if (threadIdx.x % 32 == 0) {
+    if (claim == num_tiles - 1) atomicExch(counter, 0);
+    next = claim + int(gridDim.x);
+  }
+  return __shfl_sync(0xffffffff, next, 0);
+}
+#endif
+
 }  // namespace flash3

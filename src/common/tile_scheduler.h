@@ -72,26 +72,10 @@ struct PersistentTileScheduler {
   __device__ __forceinline__ static TileCoord coord(Params const& p, int tile) { return p.order.tile(tile); }
   __device__ __forceinline__ static int first_tile() { return int(blockIdx.x); }
 
-  // Claims are made by one warp (its lane 0) and split in two, so that the
-  // atomic's round trip to L2 passes while the warp waits for something else
-  // (the producer: the stage of its tile's last block).
-  //
-  // A launch makes exactly num_tiles claims: claims 0 .. num_tiles - grid - 1
-  // hand out the tiles past the first wave, and each CTA stops after one claim
-  // more. The last claim is therefore num_tiles - 1; it zeroes the counter,
-  // so the next launch on the stream needs no memset.
-  __device__ __forceinline__ static int claim_issue(Params const& p) {
-    bool const issues = p.counter != nullptr && threadIdx.x % 32 == 0;
-    return issues ? atomicAdd(p.counter, 1) : 0;
-  }
+  // Claims: common/tile_counter.h's.
+  __device__ __forceinline__ static int claim_issue(Params const& p) { return flash3::claim_issue(p.counter); }
   __device__ __forceinline__ static int next_tile(Params const& p, int tile, int claim) {
-    if (p.counter == nullptr) return tile + int(gridDim.x);
-    int next = 0;
-    if (threadIdx.x % 32 == 0) {
-      if (claim == p.order.num_tiles() - 1) atomicExch(p.counter, 0);
-      next = claim + int(gridDim.x);
-    }
-    return __shfl_sync(0xffffffff, next, 0);
+    return claimed_tile(p.counter, tile, claim, p.order.num_tiles());
   }
 #endif
 };

@@ -71,21 +71,10 @@ struct VarlenTileScheduler {
   __device__ __forceinline__ static TileCoord coord(Params const& p, int tile) { return p.order.tile(tile); }
   __device__ __forceinline__ static int first_tile() { return int(blockIdx.x); }
 
-  // As PersistentTileScheduler's claims: a launch makes num_tiles of them
-  // (a CTA whose first tile is past the end makes none), the last zeroes
-  // the counter.
-  __device__ __forceinline__ static int claim_issue(Params const& p) {
-    bool const issues = p.counter != nullptr && threadIdx.x % 32 == 0;
-    return issues ? atomicAdd(p.counter, 1) : 0;
-  }
+  // Claims: common/tile_counter.h's, as PersistentTileScheduler's.
+  __device__ __forceinline__ static int claim_issue(Params const& p) { return flash3::claim_issue(p.counter); }
   __device__ __forceinline__ static int next_tile(Params const& p, int tile, int claim) {
-    if (p.counter == nullptr) return tile + int(gridDim.x);
-    int next = 0;
-    if (threadIdx.x % 32 == 0) {
-      if (claim == num_tiles(p) - 1) atomicExch(p.counter, 0);
-      next = claim + int(gridDim.x);
-    }
-    return __shfl_sync(0xffffffff, next, 0);
+    return claimed_tile(p.counter, tile, claim, num_tiles(p));
   }
 #endif
 };
