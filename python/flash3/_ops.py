@@ -102,16 +102,15 @@ def _tile_counter(device_index):
 
 
 def _forward_outputs(q, out_dtype, with_lse=True):
-    """O in q's shape and the LSE: [batch, heads, seqlen_q], or [heads,
-    total_q] for packed sequences (a 3-dim q)."""
-    if q.dim() == 3:
-        total_q, hq, _ = q.shape
-        lse_shape = (hq, total_q)
-    else:
-        b, sq, hq, _ = q.shape
-        lse_shape = (b, hq, sq)
-    return (q.new_empty(q.shape, dtype=out_dtype),
-            q.new_empty(lse_shape, dtype=torch.float32) if with_lse else None)
+    b, sq, hq, d = q.shape
+    return (q.new_empty((b, sq, hq, d), dtype=out_dtype),
+            q.new_empty((b, hq, sq), dtype=torch.float32) if with_lse else None)
+
+
+def _varlen_outputs(q):
+    """Packed sequences' O ([total_q, heads, head_dim]) and LSE ([heads, total_q])."""
+    total_q, hq, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((hq, total_q), dtype=torch.float32)
 
 
 def _backward_outputs(q, k, v, sinks):
@@ -252,7 +251,7 @@ def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks=
 def _varlen_forward(q, k, v, varlen, softmax_scale, causal, sinks, mask):
     lib = _abi.load()
     q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
-    out, lse = _forward_outputs(q, q.dtype)
+    out, lse = _varlen_outputs(q)
     index = q.get_device()
     counter = _tile_counter(index)
     _run(lib.forward, varlen_forward_args(q, k, v, out, lse, softmax_scale, causal, counter, varlen, sinks, mask),
@@ -459,7 +458,7 @@ varlen_bwd = torch.library.custom_op("flash3::varlen_bwd", _varlen_backward_impl
 def _varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                          softmax_scale, causal, deterministic, sinks=None, window_left=-1, window_right=-1,
                          softcap=0.0):
-    return _forward_outputs(q, q.dtype)
+    return _varlen_outputs(q)
 
 
 @varlen_bwd.register_fake
