@@ -738,4 +738,29 @@ TEST(BackwardVarlen, WorkspaceBlocksOfEachSequence) {
   }
 }
 
+// The preprocess's ready counters (bwd/workspace.h): one per head counting
+// its items with fixed-length batches; one flag per item of a head's rows
+// with packed sequences, each within the workspace's counters, so that a
+// CTA waits for its own sequence's rows only.
+TEST(BackwardVarlen, ReadyCountersPerItem) {
+  using namespace flash3::bwd;
+  for (int d : {64, 128, 256}) {
+    int64_t const heads = 6, total_q = 3000, batch = 7;
+    WorkspaceLayout const w = packed_workspace_layout(batch, total_q, 2000, heads, 2, d, false);
+    int64_t const rows = w.m_blocks * bwd_block_m(d);
+    int64_t const items = preprocess_items_per_head(rows);
+    EXPECT_GE(w.dq_arrivals - w.ready, size_t(heads * items) * sizeof(int)) << d;
+    for (int64_t head = 0; head < heads; ++head) {
+      for (int64_t row = 0; row < rows; row += 37) {
+        ReadyCounter const c = ready_counter(true, head, row, items);
+        EXPECT_EQ(c.index, head * items + row / kPreprocessItemRows) << d;
+        EXPECT_EQ(c.count, 1);
+      }
+    }
+    ReadyCounter const fixed = ready_counter(false, 5, 1000, items);
+    EXPECT_EQ(fixed.index, 5);
+    EXPECT_EQ(fixed.count, items);
+  }
+}
+
 }  // namespace
