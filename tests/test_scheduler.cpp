@@ -763,4 +763,48 @@ TEST(BackwardVarlen, ReadyCountersPerItem) {
   }
 }
 
+// The packed preprocess's order (bwd/sequence.h's packed_item): every
+// (head, chunk) once, and each (sequence, head)'s chunks all before any item
+// of a later sequence's run, the order in which the main kernel's CTAs come.
+TEST(BackwardVarlen, PreprocessItemsInTheMainKernelsOrder) {
+  using namespace flash3::bwd;
+  std::mt19937 rng(35);
+  for (int trial = 0; trial < 200; ++trial) {
+    int const block_m = trial % 2 ? 64 : 128;
+    int const batch = 1 + int(rng() % 9), heads = 1 + int(rng() % 5);
+    std::vector<int32_t> cu{0};
+    for (int b = 0; b < batch; ++b) cu.push_back(cu.back() + int(rng() % 4 == 0 ? 0 : rng() % 1500));
+    flash3::SequenceLengths const lengths{cu.data(), cu.data(), nullptr, nullptr};
+    int64_t const rows = packed_row_blocks(cu.back(), batch, block_m) * block_m;
+    int const items = int(preprocess_items_per_head(rows));
+    std::vector<int> position(size_t(heads) * items, -1);  // of (head, chunk)
+    std::vector<int> run_of(size_t(heads) * items);  // the sequence whose run holds item i
+    for (int i = 0; i < heads * items; ++i) {
+      PackedItem const at = packed_item(lengths, batch, heads, items, i, block_m);
+      ASSERT_TRUE(at.head >= 0 && at.head < heads && at.chunk >= 0 && at.chunk < items) << i;
+      ASSERT_EQ(position[size_t(at.head) * items + at.chunk], -1) << "twice: item " << i;
+      position[size_t(at.head) * items + at.chunk] = i;
+      run_of[i] = sequence_of_block(lengths, batch, at.chunk * (kPreprocessItemRows / block_m), block_m);
+      if (i > 0) ASSERT_GE(run_of[i], run_of[i - 1]) << i;
+    }
+    for (int b = 0; b < batch; ++b) {
+      int64_t const first = packed_first_block(cu[b], b, block_m), blocks = flash3::div_up(cu[b + 1] - cu[b], block_m);
+      if (blocks == 0) continue;
+      int first_later = heads * items;  // the first item of a later sequence's run
+      for (int i = 0; i < heads * items; ++i) {
+        if (run_of[i] > b) {
+          first_later = i;
+          break;
+        }
+      }
+      for (int h = 0; h < heads; ++h) {
+        for (int64_t block = first; block < first + blocks; ++block) {
+          int64_t const chunk = block * block_m / kPreprocessItemRows;
+          EXPECT_LT(position[size_t(h) * items + chunk], first_later) << "sequence " << b << " head " << h;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace

@@ -17,9 +17,9 @@
 // Packed sequences (varlen): one batch entry, whose padded rows hold each
 // sequence from a block of its own (bwd/workspace.h); a row finds its
 // sequence by its block, and rows past the sequence's rows that take part
-// are padding. Items go in the packed order, every head's first item, then
-// every head's second, and each has a ready flag of its own: the main
-// kernel's CTAs come sequence by sequence, and each waits for its own rows.
+// are padding. Each item has a ready flag of its own, and items go in the
+// order the main kernel's CTAs need them (bwd/sequence.h's packed_item), so
+// that each waits for its own sequence's rows only.
 #pragma once
 
 #include <algorithm>
@@ -92,8 +92,12 @@ __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(Preproce
   constexpr int kBlockM = bwd_block_m(kHeadDim);
   int const part = threadIdx.x % kPreprocessThreadsPerRow;
   for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
-    int const bh = kPacked ? item % p.num_heads : item / p.items_per_head;
-    int const chunk = kPacked ? item / p.num_heads : item % p.items_per_head;
+    int bh = item / p.items_per_head, chunk = item % p.items_per_head;
+    if constexpr (kPacked) {
+      PackedItem const at = packed_item(p.lengths, p.batch, p.num_heads, p.items_per_head, item, kBlockM);
+      bh = at.head;
+      chunk = at.chunk;
+    }
     int const batch = bh / p.num_heads, head = bh % p.num_heads;
     int const first = chunk * kPreprocessItemRows + threadIdx.x / kPreprocessThreadsPerRow;
     Element const* o = p.o + batch * p.o_strides[0] + head * p.o_strides[2];
