@@ -9,7 +9,9 @@
 #   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize bench bwd
 #                                       fp8 ablation compare sustained match ab features varlen
 #                                       (default: test python sanitize bench bwd fp8 ablation compare)
-# FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter). The stages
+# FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter); BUILD_DTYPES and
+# BUILD_HEAD_DIMS narrow the stage build (CMake's FLASH3_DTYPES,
+# FLASH3_HEAD_DIMS; default every one) for an experiment's quicker build. The stages
 # `compare` (the GPU idle PEERS_GAP_MS, default 50, before every sample) and
 # `sustained` (each shape under continuous load for 2 s first) time flash3 and
 # its peers with python -m flash3.benchmark, the passes PEERS_PASSES (default
@@ -28,9 +30,12 @@ summary=()
 has() { [[ " $stages " == *" $1 "* ]]; }
 
 if has build; then
-  # Every dtype and head dim, with the machine's cores.
+  # Every dtype and head dim (unless narrowed), with the machine's cores.
   start=$(date +%s)
-  cmake -S . -B build-device -G Ninja -DFLASH3_CUTLASS_DIR="$PWD/.deps/cutlass" \
+  narrow=()
+  [ -n "${BUILD_DTYPES:-}" ] && narrow+=("-DFLASH3_DTYPES=$BUILD_DTYPES")
+  [ -n "${BUILD_HEAD_DIMS:-}" ] && narrow+=("-DFLASH3_HEAD_DIMS=$BUILD_HEAD_DIMS")
+  cmake -S . -B build-device -G Ninja -DFLASH3_CUTLASS_DIR="$PWD/.deps/cutlass" "${narrow[@]}" \
     -DGTest_DIR="$PWD/.deps/gtest/lib/x86_64-linux-gnu/cmake/GTest" >"$OUT/build.log" 2>&1 &&
     ninja -C build-device flash3-bench test_gpu flash3_c >>"$OUT/build.log" 2>&1
   rc=$?

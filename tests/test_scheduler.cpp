@@ -738,4 +738,73 @@ TEST(BackwardVarlen, WorkspaceBlocksOfEachSequence) {
   }
 }
 
+// The preprocess's ready counters (bwd/workspace.h): one per head counting
+// its items with fixed-length batches; one flag per item of a head's rows
+// with packed sequences, each within the workspace's counters, so that a
+// CTA waits for its own sequence's rows only.
+TEST(BackwardVarlen, ReadyCountersPerItem) {
+  using namespace flash3::bwd;
+  for (int d : {64, 128, 256}) {
+    int64_t const heads = 6, total_q = 3000, batch = 7;
+    WorkspaceLayout const w = packed_workspace_layout(batch, total_q, 2000, heads, 2, d, false);
+    int64_t const rows = w.m_blocks * bwd_block_m(d);
+    int64_t const items = preprocess_items_per_head(rows);
+    EXPECT_GE(w.dq_arrivals - w.ready, size_t(heads * items) * sizeof(int)) << d;
+    for (int64_t head = 0; head < heads; ++head) {
+      for (int64_t row = 0; row < rows; row += 37) {
+        ReadyCounter const c = ready_counter(true, head, row, items);
+        EXPECT_EQ(c.index, head * items + row / kPreprocessItemRows) << d;
+        EXPECT_EQ(c.count, 1);
+      }
+    }
+    ReadyCounter const fixed = ready_counter(false, 5, 1000, items);
+    EXPECT_EQ(fixed.index, 5);
+    EXPECT_EQ(fixed.count, items);
+  }
+}
+
+// The packed preprocess's order (bwd/sequence.h's packed_item): every
+// (head, chunk) once, and each (sequence, head)'s chunks all before any item
+// of a later sequence's run, the order in which the main kernel's CTAs come.
+TEST(BackwardVarlen, PreprocessItemsInTheMainKernelsOrder) {
+  using namespace flash3::bwd;
+  std::mt19937 rng(35);
+  for (int trial = 0; trial < 200; ++trial) {
+    int const block_m = trial % 2 ? 64 : 128;
+    int const batch = 1 + int(rng() % 9), heads = 1 + int(rng() % 5);
+    std::vector<int32_t> cu{0};
+    for (int b = 0; b < batch; ++b) cu.push_back(cu.back() + int(rng() % 4 == 0 ? 0 : rng() % 1500));
+    flash3::SequenceLengths const lengths{cu.data(), cu.data(), nullptr, nullptr};
+    int64_t const rows = packed_row_blocks(cu.back(), batch, block_m) * block_m;
+    int const items = int(preprocess_items_per_head(rows));
+    std::vector<int> position(size_t(heads) * items, -1);  // of (head, chunk)
+    std::vector<int> run_of(size_t(heads) * items);  // the sequence whose run holds item i
+    for (int i = 0; i < heads * items; ++i) {
+      PackedItem const at = packed_item(lengths, batch, heads, items, i, block_m);
+      ASSERT_TRUE(at.head >= 0 && at.head < heads && at.chunk >= 0 && at.chunk < items) << i;
+      ASSERT_EQ(position[size_t(at.head) * items + at.chunk], -1) << "twice: item " << i;
+      position[size_t(at.head) * items + at.chunk] = i;
+      run_of[i] = sequence_of_block(lengths, batch, at.chunk * (kPreprocessItemRows / block_m), block_m);
+      if (i > 0) ASSERT_GE(run_of[i], run_of[i - 1]) << i;
+    }
+    for (int b = 0; b < batch; ++b) {
+      int64_t const first = packed_first_block(cu[b], b, block_m), blocks = flash3::div_up(cu[b + 1] - cu[b], block_m);
+      if (blocks == 0) continue;
+      int first_later = heads * items;  // the first item of a later sequence's run
+      for (int i = 0; i < heads * items; ++i) {
+        if (run_of[i] > b) {
+          first_later = i;
+          break;
+        }
+      }
+      for (int h = 0; h < heads; ++h) {
+        for (int64_t block = first; block < first + blocks; ++block) {
+          int64_t const chunk = block * block_m / kPreprocessItemRows;
+          EXPECT_LT(position[size_t(h) * items + chunk], first_later) << "sequence " << b << " head " << h;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace

@@ -159,7 +159,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   pre.padded_rows = m_blocks * Traits::kBlockM;
   pre.seqlen_q = int(a.seqlen_q);
   pre.num_heads = int(a.heads_q);
-  pre.items_per_head = preprocess_items_per_head(pre.padded_rows);
+  pre.items_per_head = int(preprocess_items_per_head(pre.padded_rows));
   pre.items = int(e.entries * a.heads_q) * pre.items_per_head;
   pre.lengths = lengths_of(a);
   pre.batch = int(a.batch);

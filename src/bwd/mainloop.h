@@ -65,7 +65,7 @@ struct Mainloop {
     float const* lse_log2;  // [batch, heads_q, m_blocks * kBlockM]
     float const* dpsum;
     int* dq_arrivals;       // per dQ tile: the key blocks that have added to it (WorkspaceLayout)
-    int* ready;             // per head: the preprocess's items done (bwd/preprocess.h)
+    int* ready;             // the preprocess's ready counters (bwd/workspace.h's ready_counter)
     int ready_items;        // the preprocess's items per head
     bool deterministic;
     int head_group;
@@ -123,11 +123,8 @@ struct Mainloop {
     }
   }
 
-  // A (batch, head)'s index among the workspace's heads (one batch entry
-  // with packed sequences), and its query block's among the dQ tiles.
-  CUTE_DEVICE static int head_index(Params const& p, int batch, int head) {
-    return Traits::kPacked ? head : batch * p.num_heads + head;
-  }
+  // A query block's index among the dQ tiles (a packed sequence's rows in
+  // the one batch entry's).
   CUTE_DEVICE static int row_tile(Params const& p, SharedStorage const& smem, int batch, int head, int m_block) {
     if constexpr (Traits::kPacked) return head * p.m_blocks + smem.sequence[kFirstBlock] + m_block;
     else return (batch * p.num_heads + head) * p.m_blocks + m_block;
@@ -203,8 +200,9 @@ struct Mainloop {
   // Algorithm 3, line 6's LSE_i and D_i, in a circular buffer of their own
   // (as many stages as Q_i's): a second producer warp, because they are the
   // preprocess's, which runs beside this kernel (bwd/preprocess.h). It waits
-  // until the preprocess has done this head (D, LSE and the dQ accumulator
-  // cleared); the consumers' work, and so the dq_writer's, follows its loads.
+  // until the preprocess has done this head's rows (D, LSE and the dQ
+  // accumulator cleared), a packed sequence's own rows only; the consumers'
+  // work, and so the dq_writer's, follows its loads.
   // (Waiting in the producer's warp, which holds the loads' state in 24
   // registers, made ptxas spill a consumer register at d = 64. The copies'
   // lane is elected where they are issued: given as a flag, it lost ptxas the
@@ -212,7 +210,18 @@ struct Mainloop {
   CUTE_DEVICE static void load_lse_d(Params const& p, SharedStorage& smem, PipelineLseD& pipeline, int head,
                                      int batch, QueryRange range) {
     if (cute::elect_one_sync()) {
-      wait_at_least(p.ready + head_index(p, batch, head), p.ready_items);
+      if constexpr (Traits::kPacked) {
+        // The items that hold the query blocks' rows of the head.
+        int64_t const begin = int64_t(smem.sequence[kFirstBlock] + range.m_block_min) * kBlockM;
+        int64_t const end = int64_t(smem.sequence[kFirstBlock] + range.m_block_max) * kBlockM;
+        for (int64_t row = begin / kPreprocessItemRows * kPreprocessItemRows; row < end; row += kPreprocessItemRows) {
+          ReadyCounter const c = ready_counter(true, head, row, p.ready_items);
+          wait_at_least(p.ready + c.index, c.count);
+        }
+      } else {
+        ReadyCounter const c = ready_counter(false, batch * p.num_heads + head, 0, p.ready_items);
+        wait_at_least(p.ready + c.index, c.count);
+      }
       asm volatile("fence.proxy.async.global;" ::: "memory");  // read by bulk copies (async proxy)
     }
     __syncwarp();

@@ -18,7 +18,7 @@ template <class Element>
 struct PostprocessParams {
   float const* dq_accum;  // tiles in the dQ accumulators' register order
   int* dq_arrivals;       // per tile: the key blocks that have added to it (WorkspaceLayout)
-  int* ready;             // per head: the preprocess's items done (bwd/preprocess.h)
+  int* ready;             // the preprocess's ready counters (bwd/workspace.h's ready_counter)
   int ready_items;
   int* done;              // this grid's finished CTAs
   bool deterministic;
@@ -92,7 +92,8 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
         Traits::kPacked && m_block * kM >= seq_q
             ? 0
             : mask.last_key_block(m_block, kM, Traits::kBlockN) - mask.first_key_block(m_block, kM, Traits::kBlockN) + 1;
-    wait_at_least<256>(p.ready + t / p.m_blocks, p.ready_items);
+    ReadyCounter const ready = ready_counter(Traits::kPacked, t / p.m_blocks, t % p.m_blocks * kM, p.ready_items);
+    wait_at_least<256>(p.ready + ready.index, ready.count);
     wait_at_least<256>(p.dq_arrivals + t, key_blocks);
   }
   __syncthreads();

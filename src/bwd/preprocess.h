@@ -17,7 +17,9 @@
 // Packed sequences (varlen): one batch entry, whose padded rows hold each
 // sequence from a block of its own (bwd/workspace.h); a row finds its
 // sequence by its block, and rows past the sequence's rows that take part
-// are padding.
+// are padding. Each item has a ready flag of its own, and items go in the
+// order the main kernel's CTAs need them (bwd/sequence.h's packed_item), so
+// that each waits for its own sequence's rows only.
 #pragma once
 
 #include <algorithm>
@@ -42,7 +44,7 @@ struct PreprocessParams {
   float* lse_log2;   // [batch, heads, padded_rows]
   float* dpsum;
   float* dq_accum;   // [batch, heads, padded_rows, head_dim] floats, cleared
-  int* ready;        // [batch, heads]: items done, cleared before
+  int* ready;        // ready counters (bwd/workspace.h's ready_counter), cleared before
   int padded_rows;
   int seqlen_q;
   int num_heads;
@@ -62,11 +64,6 @@ struct PreprocessParams {
 // the short calls no faster.)
 constexpr int kPreprocessThreads = 1024;
 constexpr int kPreprocessThreadsPerRow = 8;
-constexpr int kPreprocessItemRows = 512;
-
-inline int preprocess_items_per_head(int padded_rows) {
-  return (padded_rows + kPreprocessItemRows - 1) / kPreprocessItemRows;
-}
 // Non-causal calls from this length on run the preprocess on every SM, before
 // the main kernel (bwd/launch.h).
 constexpr int64_t kPreprocessBesideBelow = 4096;
@@ -95,9 +92,14 @@ __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(Preproce
   constexpr int kBlockM = bwd_block_m(kHeadDim);
   int const part = threadIdx.x % kPreprocessThreadsPerRow;
   for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
-    int const bh = item / p.items_per_head;
+    int bh = item / p.items_per_head, chunk = item % p.items_per_head;
+    if constexpr (kPacked) {
+      PackedItem const at = packed_item(p.lengths, p.batch, p.num_heads, p.items_per_head, item, kBlockM);
+      bh = at.head;
+      chunk = at.chunk;
+    }
     int const batch = bh / p.num_heads, head = bh % p.num_heads;
-    int const first = item % p.items_per_head * kPreprocessItemRows + threadIdx.x / kPreprocessThreadsPerRow;
+    int const first = chunk * kPreprocessItemRows + threadIdx.x / kPreprocessThreadsPerRow;
     Element const* o = p.o + batch * p.o_strides[0] + head * p.o_strides[2];
     Element const* dout = p.dout + batch * p.do_strides[0] + head * p.do_strides[2];
     for (int pass = 0; pass < kPasses; pass += kRowsAtOnce) {
@@ -154,7 +156,7 @@ __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(Preproce
     }
     __syncthreads();  // the item's writes, released by its count
     if (threadIdx.x == 0) {
-      count_in(p.ready + bh);
+      count_in(p.ready + ready_counter(kPacked, bh, int64_t(chunk) * kPreprocessItemRows, p.items_per_head).index);
     }
   }
 }

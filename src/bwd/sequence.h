@@ -49,4 +49,26 @@ FLASH3_HOST_DEVICE int sequence_of_block(SequenceLengths const& l, int batch, in
   return lo;
 }
 
+// The backward preprocess's item `item` with packed sequences: its head and
+// chunk (its rows of the head, from chunk * kPreprocessItemRows). The main
+// kernel's CTAs come sequence by sequence, a sequence's head by head: the
+// chunks whose first block is sequence b's (b's run) come after b - 1's,
+// head by head. A chunk's later rows may be the next sequences': done
+// before those need them.
+struct PackedItem {
+  int head;
+  int chunk;
+};
+FLASH3_HOST_DEVICE PackedItem packed_item(SequenceLengths const& l, int batch, int heads, int items_per_head, int item,
+                                          int block_m) {
+  int const blocks = kPreprocessItemRows / block_m;  // a chunk's
+  auto run_begin = [&](int b) {
+    return b < batch ? int((packed_first_block(l.cu_seqlens_q[b], b, block_m) + blocks - 1) / blocks) : items_per_head;
+  };
+  int const b = sequence_of_block(l, batch, item / heads * blocks, block_m);
+  int const begin = run_begin(b), chunks = run_begin(b + 1) - begin;
+  int const offset = item - begin * heads;
+  return {offset / chunks, begin + offset % chunks};
+}
+
 }  // namespace flash3::bwd

@@ -22,6 +22,14 @@ constexpr size_t split_tile_bytes(int64_t head_dim) {
   return 2 * size_t(bwd_block_n(head_dim) * head_dim) * sizeof(float);
 }
 
+// The preprocess's work items: this many rows of one head (bwd/preprocess.h),
+// whole query blocks, so that a block waits for one item.
+constexpr int kPreprocessItemRows = 512;
+static_assert(kPreprocessItemRows % bwd_block_m(64) == 0 && kPreprocessItemRows % bwd_block_m(256) == 0);
+FLASH3_HOST_DEVICE int64_t preprocess_items_per_head(int64_t padded_rows) {
+  return (padded_rows + kPreprocessItemRows - 1) / kPreprocessItemRows;
+}
+
 struct WorkspaceLayout {
   // Byte offsets from the workspace's start, each 256-byte aligned.
   size_t dq_accum = 0;   // float [batch, heads_q, m_blocks, block_m * head_dim], tiles in register order
@@ -30,8 +38,7 @@ struct WorkspaceLayout {
   size_t dk_accum = 0;   // float [batch, heads_q, seqlen_k, head_dim], GQA/MQA only: dK per query head
   size_t dv_accum = 0;   // float, same shape: dV per query head
   // From here on cleared before the preprocess (the split sums' used part):
-  // int [batch, heads_q]: the preprocess's items done per head (the main
-  // kernel's CTAs of a head wait for all); int [batch, heads_q, m_blocks]:
+  // the preprocess's ready counters (ready_counter()); int [batch, heads_q, m_blocks]:
   // how many key blocks have added to each dQ tile (deterministic mode's
   // turns; the postprocess converts a tile once all have); one int counting
   // the postprocess's finished CTAs.
@@ -63,7 +70,8 @@ FLASH3_HOST_DEVICE int64_t packed_row_blocks(int64_t total_q, int64_t batch, int
 }
 
 inline WorkspaceLayout workspace_layout(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
-                                        int64_t heads_kv, int64_t head_dim, bool causal, bool deterministic) {
+                                        int64_t heads_kv, int64_t head_dim, bool causal, bool deterministic,
+                                        bool packed = false) {
   WorkspaceLayout w;
   int64_t const block_m = bwd_block_m(head_dim);
   w.m_blocks = (seqlen_q + block_m - 1) / block_m;
@@ -81,7 +89,8 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t seqlen_q, int64_t
   size_t const kv_accum = grouped ? size_t(batch * heads_q * seqlen_k * head_dim) * sizeof(float) : 0;
   w.dk_accum = take(kv_accum);
   w.dv_accum = take(kv_accum);
-  w.ready = take(size_t(batch * heads_q) * sizeof(int));
+  int64_t const ready_per_head = packed ? preprocess_items_per_head(w.m_blocks * block_m) : 1;
+  w.ready = take(size_t(batch * heads_q * ready_per_head) * sizeof(int));
   w.dq_arrivals = take(size_t(batch * heads_q * w.m_blocks) * sizeof(int));
   w.post_done = take(sizeof(int));
   if (!causal && !deterministic) {
@@ -101,7 +110,21 @@ inline WorkspaceLayout packed_workspace_layout(int64_t batch, int64_t total_q, i
                                                int64_t heads_kv, int64_t head_dim, bool deterministic) {
   int64_t const block_m = bwd_block_m(head_dim);
   return workspace_layout(1, packed_row_blocks(total_q, batch, block_m) * block_m, total_k, heads_q, heads_kv,
-                          head_dim, /*causal=*/true, deterministic);
+                          head_dim, /*causal=*/true, deterministic, /*packed=*/true);
+}
+
+// The preprocess's counter that covers a head's padded row `row`, and the
+// count that says its rows are done. Fixed-length batches: one per head,
+// counting the head's items (its CTAs wait for them all). Packed sequences:
+// one per item, since a head's rows hold every sequence and a CTA needs its
+// own sequence's only (the preprocess does them in the packed order).
+struct ReadyCounter {
+  int64_t index;
+  int count;
+};
+FLASH3_HOST_DEVICE ReadyCounter ready_counter(bool packed, int64_t batch_head, int64_t row, int64_t items_per_head) {
+  if (packed) return {batch_head * items_per_head + row / kPreprocessItemRows, 1};
+  return {batch_head, int(items_per_head)};
 }
 
 // The layout of a call's workspace (the API's size query and the launch).
