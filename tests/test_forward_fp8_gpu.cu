@@ -18,8 +18,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flash3/flash3.h"
@@ -255,6 +257,267 @@ INSTANTIATE_TEST_SUITE_P(All, ForwardFp8,
 TEST(ForwardFp8, TilesWhoseRowsSeeNoKey) {
   SKIP_WITHOUT_CUDA_DEVICE();
   run_fp8_case(Fp8Case{128, true, ScaleGranularity::kPerBlock, DType::kBF16, 1, 20000, 64, 4, 4}, 78);
+}
+
+// ---- Packed sequences (varlen) ----------------------------------------------
+
+// A packed [total, heads, d] tensor quantized as the packed FP8 forward reads
+// it (flash3.h, Varlen): per tensor, one scale over every row; per head and
+// per block, each sequence's packed rows quantized as a fixed-length batch of
+// one, its scales entry b of the [batch, heads] or [batch, heads, blocks of
+// the longest sequence] layout, and the rows past the last sequence apart
+// (their scales dropped). The scales of blocks wholly past a sequence's used
+// rows are NaN: a kernel that read one would show it in O.
+struct PackedQuantized {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;  // the kernel's layout
+  ScaleGranularity granularity;
+  int64_t heads, block;
+  int64_t blocks = 1;  // per (sequence, head) in the layout
+
+  // The scale of row `row` of sequence b.
+  float scale(int b, int64_t h, int64_t row) const {
+    if (granularity == ScaleGranularity::kPerTensor) return scales[0];
+    int64_t const j = granularity == ScaleGranularity::kPerBlock ? row / block : 0;
+    return scales[size_t((b * heads + h) * blocks + j)];
+  }
+  // Sequence b's scales as the fixed-length layout of its first `used` rows
+  // alone holds them.
+  std::vector<float> sequence(int b, int64_t used) const {
+    if (granularity == ScaleGranularity::kPerTensor) return {scales[0]};
+    int64_t const n = granularity == ScaleGranularity::kPerBlock ? (used + block - 1) / block : 1;
+    std::vector<float> s;
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < n; ++j) s.push_back(scales[size_t((b * heads + h) * blocks + j)]);
+    }
+    return s;
+  }
+};
+
+PackedQuantized quantize_packed(std::vector<float> const& x, ScaleGranularity g, std::vector<int32_t> const& cu,
+                                std::vector<int> const& used, int64_t total, int64_t heads, int64_t d, int64_t block) {
+  int const batch = int(used.size());
+  PackedQuantized p{std::vector<uint8_t>(x.size()), {}, g, heads, block};
+  auto quantize_rows = [&](int64_t first, int64_t rows, ScaleGranularity gr) {
+    std::vector<float> s(size_t(flash3::fp8_scale_count(gr, 1, heads, rows, block)));
+    flash3::reference::quantize_tensor_cpu(1, rows, heads, d, gr, block, /*hadamard=*/false, 0,
+                                           x.data() + first * heads * d, p.bytes.data() + first * heads * d,
+                                           s.data());
+    return s;
+  };
+  if (g == ScaleGranularity::kPerTensor) {
+    p.scales = quantize_rows(0, total, g);
+    return p;
+  }
+  int64_t longest = 0;
+  for (int b = 0; b < batch; ++b) longest = std::max<int64_t>(longest, cu[b + 1] - cu[b]);
+  if (g == ScaleGranularity::kPerBlock) p.blocks = (longest + block - 1) / block;
+  p.scales.assign(size_t(batch * heads * p.blocks), std::numeric_limits<float>::quiet_NaN());
+  for (int b = 0; b < batch; ++b) {
+    int64_t const rows = cu[b + 1] - cu[b];
+    if (rows == 0) continue;
+    std::vector<float> const s = quantize_rows(cu[b], rows, g);
+    bool const per_block = g == ScaleGranularity::kPerBlock;
+    int64_t const own = per_block ? (rows + block - 1) / block : 1;  // the sequence's blocks in s
+    int64_t const read = per_block ? (used[b] + block - 1) / block : (used[b] > 0 ? 1 : 0);  // the kernel's
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < read; ++j) p.scales[size_t((b * heads + h) * p.blocks + j)] = s[size_t(h * own + j)];
+    }
+  }
+  if (total > cu[batch]) quantize_rows(cu[batch], total - cu[batch], ScaleGranularity::kPerTensor);
+  return p;
+}
+
+// The packed FP8 forward against the reference run on each sequence alone
+// with its own scales, as the fixed-length path computes it. Lengths of 0,
+// 1, shorter than a tile, longer than two, not multiples of a block; GQA;
+// seqused below the packed lengths; 3 rows past the last sequence. Rows past
+// seqused and past the last sequence must keep their poison (O and LSE).
+struct VarlenFp8Case {
+  int head_dim;
+  int mask;  // 0: none, 1: causal, 2: a window (90, 30)
+  ScaleGranularity granularity;
+  std::vector<int> len_q, len_k;
+  int heads_q = 4, heads_kv = 2;
+  bool seqused = false;  // 5 packed rows past each sequence's used ones
+};
+
+void run_varlen_fp8(VarlenFp8Case const& c, uint32_t seed) {
+  int const batch = int(c.len_q.size()), pad = c.seqused ? 5 : 0, tail = 3;
+  int64_t const d = c.head_dim, hq = c.heads_q, hkv = c.heads_kv;
+  bool const causal = c.mask == 1;
+  int const window_left = c.mask == 2 ? 90 : -1, window_right = c.mask == 2 ? 30 : -1;
+  ScaleGranularity const g = c.granularity;
+  SCOPED_TRACE("e4m3 varlen d" + std::to_string(d) + (c.mask == 1 ? " causal" : c.mask == 2 ? " window" : "") +
+               " per-" + granularity_name(g) + " batch " + std::to_string(batch) + " h" + std::to_string(hq) + "/" +
+               std::to_string(hkv) + (c.seqused ? " seqused" : ""));
+  flash3::Fp8BlockSizes const blocks = flash3::fp8_block_sizes(d);
+  ASSERT_GT(blocks.q, 0);
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (int b = 0; b < batch; ++b) {
+    cu_q.push_back(cu_q.back() + c.len_q[b] + pad);
+    cu_k.push_back(cu_k.back() + c.len_k[b] + pad);
+  }
+  int64_t const total_q = cu_q.back() + tail, total_k = cu_k.back() + tail;
+  std::mt19937 rng(seed);
+  PackedQuantized const q8 =
+      quantize_packed(random_tensor(rng, 1, total_q, hq, d), g, cu_q, c.len_q, total_q, hq, d, blocks.q);
+  PackedQuantized const k8 =
+      quantize_packed(random_tensor(rng, 1, total_k, hkv, d), g, cu_k, c.len_k, total_k, hkv, d, blocks.kv);
+  PackedQuantized const v8 =
+      quantize_packed(random_tensor(rng, 1, total_k, hkv, d), g, cu_k, c.len_k, total_k, hkv, d, blocks.kv);
+
+  size_t const q_elems = q8.bytes.size(), kv_elems = k8.bytes.size(), lse_elems = size_t(hq * total_q);
+  DeviceBuffer<uint8_t> q(q_elems), k(kv_elems), v(kv_elems);
+  DeviceBuffer<uint16_t> o(q_elems);
+  DeviceBuffer<float> lse(lse_elems), ref_o(q_elems), low_o(q_elems), ref_lse(lse_elems);
+  DeviceBuffer<float> q_scale(q8.scales.size()), k_scale(k8.scales.size()), v_scale(v8.scales.size());
+  DeviceBuffer<int32_t> d_cu_q(batch + 1), d_cu_k(batch + 1), d_used_q(batch), d_used_k(batch);
+  ASSERT_TRUE(q.ptr && k.ptr && v.ptr && o.ptr && lse.ptr && ref_o.ptr && low_o.ptr && ref_lse.ptr && q_scale.ptr &&
+              k_scale.ptr && v_scale.ptr && d_cu_q.ptr && d_cu_k.ptr && d_used_q.ptr && d_used_k.ptr);
+  for (auto [dst, t] : {std::pair{q.ptr, &q8}, std::pair{k.ptr, &k8}, std::pair{v.ptr, &v8}}) {
+    CUDA_OK(cudaMemcpy(dst, t->bytes.data(), t->bytes.size(), cudaMemcpyHostToDevice));
+  }
+  for (auto [dst, t] : {std::pair{q_scale.ptr, &q8}, std::pair{k_scale.ptr, &k8}, std::pair{v_scale.ptr, &v8}}) {
+    CUDA_OK(cudaMemcpy(dst, t->scales.data(), t->scales.size() * 4, cudaMemcpyHostToDevice));
+  }
+  CUDA_OK(cudaMemcpy(d_cu_q.ptr, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_cu_k.ptr, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_used_q.ptr, c.len_q.data(), batch * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(d_used_k.ptr, c.len_k.data(), batch * 4, cudaMemcpyHostToDevice));
+  // Poison: an element the kernel does not write reads back as NaN.
+  CUDA_OK(cudaMemset(o.ptr, 0xff, q_elems * 2));
+  CUDA_OK(cudaMemset(lse.ptr, 0xff, lse_elems * 4));
+
+  flash3::ForwardArgs a;
+  a.dtype = DType::kE4M3;
+  a.batch = batch;
+  a.seqlen_q = *std::max_element(c.len_q.begin(), c.len_q.end()) + pad;
+  a.seqlen_k = *std::max_element(c.len_k.begin(), c.len_k.end()) + pad;
+  a.heads_q = hq;
+  a.heads_kv = hkv;
+  a.head_dim = d;
+  a.causal = causal;
+  a.window_left = window_left;
+  a.window_right = window_right;
+  a.q = {q.ptr, 0, hq * d, d, 1};
+  a.k = {k.ptr, 0, hkv * d, d, 1};
+  a.v = {v.ptr, 0, hkv * d, d, 1};
+  a.o = {o.ptr, 0, hq * d, d, 1};
+  a.lse = lse.ptr;
+  a.fp8 = {g, q_scale.ptr, k_scale.ptr, v_scale.ptr, DType::kBF16};
+  a.varlen = {d_cu_q.ptr, d_cu_k.ptr, c.seqused ? d_used_q.ptr : nullptr, c.seqused ? d_used_k.ptr : nullptr,
+              total_q, total_k};
+  flash3::Status s = flash3::forward(a, nullptr);
+  if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
+  ASSERT_TRUE(s.ok()) << s.message();
+  CUDA_OK(cudaDeviceSynchronize());
+
+  // The reference, sequence by sequence: views into the packed buffers, and
+  // the sequence's scales in the fixed-length layout of its used rows.
+  for (int b = 0; b < batch; ++b) {
+    if (c.len_q[b] == 0) continue;
+    AttentionShape shape{1, c.len_q[b], c.len_k[b], hq, hkv, d, 0.f, causal};
+    shape.window_left = window_left;
+    shape.window_right = window_right;
+    auto view = [&](uint8_t* base, int row, int64_t heads) {
+      return flash3::ConstTensor{base + row * heads * d, 0, heads * d, d, 1};
+    };
+    std::vector<float> const sq = q8.sequence(b, c.len_q[b]), sk = k8.sequence(b, c.len_k[b]),
+                             sv = v8.sequence(b, c.len_k[b]);
+    DeviceBuffer<float> seq_q(sq.size()), seq_k(sk.size()), seq_v(sv.size()), seq_lse(size_t(hq * c.len_q[b]));
+    for (auto [dst, host] : {std::pair{seq_q.ptr, &sq}, std::pair{seq_k.ptr, &sk}, std::pair{seq_v.ptr, &sv}}) {
+      if (!host->empty()) CUDA_OK(cudaMemcpy(dst, host->data(), host->size() * 4, cudaMemcpyHostToDevice));
+    }
+    flash3::Fp8Scales const scales{g, seq_q.ptr, seq_k.ptr, seq_v.ptr, DType::kBF16};
+    size_t const at = size_t(cu_q[b] * hq * d);
+    CUDA_OK(flash3::reference::attention_gpu_fp8(shape, view(q.ptr, cu_q[b], hq), view(k.ptr, cu_k[b], hkv),
+                                                  view(v.ptr, cu_k[b], hkv), scales, ref_o.ptr + at, seq_lse.ptr,
+                                                  Fp8Emulation::kNone, nullptr));
+    CUDA_OK(flash3::reference::attention_gpu_fp8(shape, view(q.ptr, cu_q[b], hq), view(k.ptr, cu_k[b], hkv),
+                                                  view(v.ptr, cu_k[b], hkv), scales, low_o.ptr + at, nullptr,
+                                                  Fp8Emulation::kFused, nullptr));
+    for (int64_t h = 0; h < hq; ++h) {
+      CUDA_OK(cudaMemcpy(ref_lse.ptr + h * total_q + cu_q[b], seq_lse.ptr + h * c.len_q[b], c.len_q[b] * 4,
+                         cudaMemcpyDeviceToDevice));
+    }
+    CUDA_OK(cudaDeviceSynchronize());  // before this sequence's buffers are freed
+  }
+  std::vector<uint16_t> h_o(q_elems);
+  std::vector<float> h_lse(lse_elems), h_ref(q_elems), h_low(q_elems), h_ref_lse(lse_elems);
+  CUDA_OK(cudaMemcpy(h_o.data(), o.ptr, q_elems * 2, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_lse.data(), lse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_ref.data(), ref_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_low.data(), low_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_ref_lse.data(), ref_lse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost));
+
+  // The LSE's slack (run_fp8_case's), from the dequantized rows' norms.
+  auto norm = [&](PackedQuantized const& t, int b, int64_t heads, int64_t packed_row, int64_t row, int64_t h) {
+    double sum = 0;
+    for (int64_t e = 0; e < d; ++e) {
+      double const x = double(flash3::reference::e4m3_to_float(t.bytes[size_t((packed_row * heads + h) * d + e)])) *
+                       t.scale(b, h, row);
+      sum += x * x;
+    }
+    return std::sqrt(sum);
+  };
+  double const accumulation = (d / 32) * std::exp2(-13.0) / std::sqrt(double(d));
+  std::vector<double> k_max(size_t(batch * hkv), 0.0);  // max_j |k_j| per (sequence, K/V head)
+  for (int b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < hkv; ++h)
+      for (int i = 0; i < c.len_k[b]; ++i) {
+        k_max[size_t(b * hkv + h)] = std::max(k_max[size_t(b * hkv + h)], norm(k8, b, hkv, cu_k[b] + i, i, h));
+      }
+
+  // The used rows, compared; the others (past seqused, past the last
+  // sequence), still poisoned.
+  std::vector<uint16_t> used_o;
+  std::vector<float> used_ref, used_low, used_lse, used_ref_lse;
+  std::vector<double> slack;
+  size_t const row_elems = size_t(hq * d);
+  for (int b = 0; b <= batch; ++b) {
+    int64_t const first = cu_q[b], rows = b < batch ? c.len_q[b] + pad : tail;
+    for (int64_t i = 0; i < rows; ++i) {
+      int64_t const r = first + i;
+      bool const used = b < batch && i < c.len_q[b];
+      for (size_t e = r * row_elems; e < (r + 1) * row_elems; ++e) {
+        if (used) {
+          used_o.push_back(h_o[e]);
+          used_ref.push_back(h_ref[e]);
+          used_low.push_back(h_low[e]);
+        } else {
+          ASSERT_EQ(h_o[e], 0xffff) << "O row " << r << " written, past its sequence's used rows";
+        }
+      }
+      for (int64_t h = 0; h < hq; ++h) {
+        size_t const l = size_t(h * total_q + r);
+        if (used) {
+          used_lse.push_back(h_lse[l]);
+          used_ref_lse.push_back(h_ref_lse[l]);
+          slack.push_back(accumulation * norm(q8, b, hq, r, i, h) * k_max[size_t(b * hkv + h / (hq / hkv))]);
+        } else {
+          ASSERT_TRUE(std::isnan(h_lse[l])) << "LSE row " << r << " written, past its sequence's used rows";
+        }
+      }
+    }
+  }
+  flash3::testing::expect_forward_close(used_o, DType::kBF16, used_ref, used_low, used_lse, used_ref_lse,
+                                        [&](size_t i) { return slack[i]; });
+}
+
+TEST(ForwardFp8, Varlen) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::vector<int> const len_q{300, 0, 1, 129, 1000, 64, 77}, len_k{250, 40, 0, 700, 1000, 64, 300};
+  uint32_t seed = 2400;
+  for (int d : {64, 128, 256}) {
+    for (ScaleGranularity g : {ScaleGranularity::kPerTensor, ScaleGranularity::kPerHead, ScaleGranularity::kPerBlock}) {
+      for (int mask : {0, 1, 2}) run_varlen_fp8({d, mask, g, len_q, len_k, 4, 2, (mask + int(g)) % 2 == 1}, seed++);
+    }
+  }
+  // MQA with seqused; equal lengths, as a fixed-length batch holds them; one sequence.
+  run_varlen_fp8({128, 1, ScaleGranularity::kPerBlock, len_q, len_k, 8, 1, true}, seed++);
+  run_varlen_fp8({64, 1, ScaleGranularity::kPerBlock, {512, 512, 512}, {512, 512, 512}}, seed++);
+  run_varlen_fp8({256, 0, ScaleGranularity::kPerHead, {3000}, {2000}}, seed++);
 }
 
 // Paper Table 3's inputs, N(0, 1) + N(0, 100) * Bernoulli(0.001), on a

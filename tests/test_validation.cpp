@@ -224,6 +224,94 @@ TEST(Validation, Fp8BlocksAndScaleCounts) {
   EXPECT_EQ(flash3::fp8_scale_count(ScaleGranularity::kPerBlock, 3, 4, 0, 128), 0);
 }
 
+// FP8 over packed sequences (varlen): 3 sequences, the longest of 120 query
+// and 100 key rows, in 250 and 700 packed rows; the device arrays are never
+// read.
+ForwardArgs valid_packed_fp8_args(int64_t head_dim = 128) {
+  ForwardArgs a = valid_fp8_args();
+  a.head_dim = head_dim;
+  a.batch = 3;
+  a.seqlen_q = 120;
+  a.seqlen_k = 100;
+  a.varlen.cu_seqlens_q = reinterpret_cast<const int32_t*>(0xb0000);
+  a.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(0xb0100);
+  a.varlen.total_q = 250;
+  a.varlen.total_k = 700;
+  auto rows = [](auto& t, int64_t n, int64_t heads, int64_t d) {
+    t = flash3::contiguous(t.data, n, heads, d);
+    t.batch_stride = 0;  // unused: one batch entry
+  };
+  rows(a.q, a.varlen.total_q, a.heads_q, a.head_dim);
+  rows(a.o, a.varlen.total_q, a.heads_q, a.head_dim);
+  rows(a.k, a.varlen.total_k, a.heads_kv, a.head_dim);
+  rows(a.v, a.varlen.total_k, a.heads_kv, a.head_dim);
+  return a;
+}
+
+TEST(Validation, VarlenFp8) {
+  using flash3::DType;
+  using flash3::ScaleGranularity;
+  for (int d : {64, 128, 256}) {
+    for (ScaleGranularity g : {ScaleGranularity::kPerTensor, ScaleGranularity::kPerHead, ScaleGranularity::kPerBlock}) {
+      ForwardArgs a = valid_packed_fp8_args(d);
+      a.fp8.granularity = g;
+      SCOPED_TRACE("head_dim " + std::to_string(d) + ", granularity " + std::to_string(int(g)));
+      EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+      a.causal = true;
+      a.varlen.seqused_q = reinterpret_cast<const int32_t*>(0xb0200);
+      a.varlen.seqused_k = reinterpret_cast<const int32_t*>(0xb0300);
+      EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+      a.window_left = 64;
+      EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+    }
+  }
+  // An fp16 O has no packed FP8 kernel: refused naming fp8.out_dtype, by
+  // forward() too, before the device (an empty problem as well).
+  ForwardArgs a = valid_packed_fp8_args();
+  a.fp8.out_dtype = DType::kFP16;
+  Status const s = flash3::validate(a);
+  EXPECT_EQ(s.code(), Status::Code::kUnsupported);
+  EXPECT_EQ(s.message().rfind("fp8.out_dtype", 0), 0u) << s.message();
+  EXPECT_EQ(flash3::forward(a, nullptr).message(), s.message());
+  a.varlen.total_q = 0;
+  EXPECT_EQ(flash3::validate(a).message(), s.message());
+  // Nor a technique switched off (the ablation's FP8 variants are fixed-length).
+  a = valid_packed_fp8_args();
+  a.options.pingpong = false;
+  EXPECT_EQ(flash3::validate(a).code(), Status::Code::kUnsupported);
+  EXPECT_EQ(flash3::validate(a).message().rfind("varlen", 0), 0u) << flash3::validate(a).message();
+  auto expect_invalid_packed_fp8 = [](std::function<void(ForwardArgs&)> const& edit, std::string const& names) {
+    flash3::testing::expect_invalid_args(valid_packed_fp8_args(), edit, names);
+  };
+  expect_invalid_packed_fp8([](ForwardArgs& a) { a.fp8.q = nullptr; }, "fp8.q");
+  expect_invalid_packed_fp8([](ForwardArgs& a) { a.fp8.v = reinterpret_cast<const float*>(0x52002); }, "fp8.v");
+  expect_invalid_packed_fp8([](ForwardArgs& a) { a.head_dim = 96; }, "head_dim");
+  expect_invalid_packed_fp8([](ForwardArgs& a) { a.softcap = -1.f; }, "softcap");
+  // The tensors' checks over the packed rows, with 1-byte elements (O's 2).
+  expect_invalid_packed_fp8([](ForwardArgs& a) { a.k.seq_stride = a.heads_kv * a.head_dim + 8; }, "k.seq_stride");
+  expect_invalid_packed_fp8([](ForwardArgs& a) { a.o.seq_stride = a.heads_q * a.head_dim + 4; }, "o.seq_stride");
+  expect_invalid_packed_fp8([](ForwardArgs& a) { a.varlen.cu_seqlens_k = nullptr; }, "varlen.cu_seqlens_k");
+  expect_invalid_packed_fp8([](ForwardArgs& a) { a.varlen.total_k = -1; }, "varlen.total_k");
+}
+
+TEST(Validation, VarlenFp8ScaleCounts) {
+  using flash3::ScaleGranularity;
+  // Packed sequences count their scales with batch the sequences and seqlen
+  // the longest's (flash3.h, Varlen), not the packed rows.
+  ForwardArgs const a = valid_packed_fp8_args();
+  flash3::Fp8BlockSizes const b = flash3::fp8_block_sizes(a.head_dim);  // 128 query rows, 192 keys
+  auto count = [&](ScaleGranularity g, int64_t heads, int64_t seqlen, int64_t block) {
+    return flash3::fp8_scale_count(g, a.batch, heads, seqlen, block);
+  };
+  EXPECT_EQ(count(ScaleGranularity::kPerTensor, a.heads_q, a.seqlen_q, b.q), 1);
+  EXPECT_EQ(count(ScaleGranularity::kPerHead, a.heads_kv, a.seqlen_k, b.kv), 3 * 2);
+  EXPECT_EQ(count(ScaleGranularity::kPerBlock, a.heads_q, a.seqlen_q, b.q), 3 * 8 * 1);
+  EXPECT_EQ(count(ScaleGranularity::kPerBlock, a.heads_kv, a.seqlen_k, b.kv), 3 * 2 * 1);
+  // A longest sequence of 1000 rows: 8 query blocks of 128, 6 key blocks of 192.
+  EXPECT_EQ(count(ScaleGranularity::kPerBlock, a.heads_q, 1000, b.q), 3 * 8 * 8);
+  EXPECT_EQ(count(ScaleGranularity::kPerBlock, a.heads_kv, 1000, b.kv), 3 * 2 * 6);
+}
+
 TEST(Validation, Pointers) {
   expect_invalid([](ForwardArgs& a) { a.q.data = nullptr; }, "q.data");
   expect_invalid([](ForwardArgs& a) { a.k.data = nullptr; }, "k.data");

@@ -96,7 +96,9 @@ Fp8BlockSizes fp8_block_sizes(int64_t head_dim);
 
 // Number of float32 scales of one tensor: 1 (per tensor), batch * heads (per
 // head, laid out [batch, heads]) or batch * heads * ceil(seqlen / block) (per
-// block, laid out [batch, heads, blocks]).
+// block, laid out [batch, heads, blocks]). Packed sequences (Varlen) count
+// them with batch the number of sequences and seqlen the longest one's
+// (ForwardArgs::seqlen_q or seqlen_k).
 int64_t fp8_scale_count(ScaleGranularity granularity, int64_t batch, int64_t heads, int64_t seqlen,
                         int64_t block);
 
@@ -121,6 +123,12 @@ struct Fp8Scales {
 // packed length): query rows past it are not written. The forward reads a
 // sequence's last key block whole (the scores past seqused_k masked): K and
 // V rows there must be finite.
+// FP8 (kE4M3, with fp8.out_dtype kBF16): the scales are per sequence, index b
+// of Fp8Scales' [batch, heads] and [batch, heads, blocks] layouts, blocks
+// counted from the sequence's own first row (fp8_scale_count with seqlen the
+// longest's): block j of sequence b holds its rows j * block .. (j + 1) *
+// block - 1 from cu_seqlens[b]. Blocks wholly past a sequence's rows (past
+// its seqused, where given) are not read.
 struct Varlen {
   const int32_t* cu_seqlens_q = nullptr;  // nullptr: fixed-length batches
   const int32_t* cu_seqlens_k = nullptr;
@@ -182,7 +190,7 @@ struct ForwardArgs {
 
   Fp8Scales fp8;  // with dtype kE4M3 only
 
-  Varlen varlen;  // packed sequences (bf16 and fp16), or none
+  Varlen varlen;  // packed sequences, or none
 
   KernelOptions options;
 

@@ -108,9 +108,11 @@ def _forward_outputs(q, out_dtype, with_lse=True):
 
 
 def _varlen_outputs(q):
-    """Packed sequences' O ([total_q, heads, head_dim]) and LSE ([heads, total_q])."""
+    """Packed sequences' O ([total_q, heads, head_dim]; FP8's in bfloat16,
+    the one O its packed kernels write) and LSE ([heads, total_q])."""
     total_q, hq, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((hq, total_q), dtype=torch.float32)
+    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    return q.new_empty(q.shape, dtype=out_dtype), q.new_empty((hq, total_q), dtype=torch.float32)
 
 
 def _backward_outputs(q, k, v, sinks):
@@ -144,14 +146,16 @@ def _quantize_outputs(q, k, v, granularity):
 # ---- the structs, from tensors (any device: test_abi.py fills them on the CPU)
 
 
+def _fp8_fields(scales, out):
+    """The Fp8Scales struct's fields of an FP8 call's (q, k, v) scales."""
+    q_scale, k_scale, v_scale = scales
+    return (_GRANULARITY_OF_RANK[q_scale.dim()], q_scale.data_ptr(), k_scale.data_ptr(), v_scale.data_ptr(),
+            DTYPES[out.dtype])
+
+
 def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sinks=None, mask=_NO_MASK):
     args = _abi.ForwardArgs()
-    q_scale = scales[0]
-    if q_scale is None:
-        fp8 = _NO_FP8
-    else:
-        fp8 = (_GRANULARITY_OF_RANK[q_scale.dim()], q_scale.data_ptr(), scales[1].data_ptr(), scales[2].data_ptr(),
-               DTYPES[out.dtype])
+    fp8 = _NO_FP8 if scales[0] is None else _fp8_fields(scales, out)
     b, sq, hq, d = q.shape
     ks = k.shape
     # The TensorRefs spelled out (data, then strides): a helper call per
@@ -193,13 +197,16 @@ def _varlen_fields(q, k, varlen):
     return sizes, fields
 
 
-def varlen_forward_args(q, k, v, out, lse, softmax_scale, causal, counter, varlen, sinks=None, mask=_NO_MASK):
-    """ForwardArgs of packed sequences ([total, heads, head_dim] tensors)."""
+def varlen_forward_args(q, k, v, out, lse, softmax_scale, causal, counter, varlen, sinks=None, mask=_NO_MASK,
+                        scales=(None, None, None)):
+    """ForwardArgs of packed sequences ([total, heads, head_dim] tensors);
+    scales: FP8's (q, k, v) descales, or Nones."""
     args = _abi.ForwardArgs()
     sizes, fields = _varlen_fields(q, k, varlen)
+    fp8 = _NO_FP8 if scales[0] is None else _fp8_fields(scales, out)
     _pack_forward(args, 0, DTYPES[q.dtype], *sizes, *_packed_ref(q), *_packed_ref(k), *_packed_ref(v),
                   *_packed_ref(out), 0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
-                  0 if sinks is None else sinks.data_ptr(), *_NO_FP8, *fields, *_ALL_ON,
+                  0 if sinks is None else sinks.data_ptr(), *fp8, *fields, *_ALL_ON,
                   0 if counter is None else counter.data_ptr())
     return args
 
@@ -248,13 +255,14 @@ def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks=
 
 
 @_on_tensor_device
-def _varlen_forward(q, k, v, varlen, softmax_scale, causal, sinks, mask):
+def _varlen_forward(q, k, v, varlen, softmax_scale, causal, sinks, mask, scales):
     lib = _abi.load()
     q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
     out, lse = _varlen_outputs(q)
     index = q.get_device()
     counter = _tile_counter(index)
-    _run(lib.forward, varlen_forward_args(q, k, v, out, lse, softmax_scale, causal, counter, varlen, sinks, mask),
+    _run(lib.forward,
+         varlen_forward_args(q, k, v, out, lse, softmax_scale, causal, counter, varlen, sinks, mask, scales),
          _raw_stream(index), "forward")
     return out, lse
 
@@ -339,12 +347,16 @@ def _save(ctx, q, k, v, out, lse, sinks, softmax_scale, causal, deterministic, m
         ctx.mark_non_differentiable(lse)
 
 
-def _gradients(ctx, dout, backward):
-    """dQ, dK, dV and the sinks' gradient (None without sinks)."""
-    q, k, v, out, lse, sinks = ctx.saved_tensors
+def _refuse_fp8_backward(q):
     if q.dtype == torch.float8_e4m3fn:
         raise NotImplementedError("flash3: the backward pass takes bfloat16 or float16 inputs; the FP8 "
                                   "(float8_e4m3fn) path is forward only")
+
+
+def _gradients(ctx, dout, backward):
+    """dQ, dK, dV and the sinks' gradient (None without sinks)."""
+    q, k, v, out, lse, sinks = ctx.saved_tensors
+    _refuse_fp8_backward(q)
     dq, dk, dv, dsinks = backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic, sinks,
                                   *ctx.mask)
     return dq, dk, dv, None if sinks is None else dsinks
@@ -426,9 +438,12 @@ def _varlen_forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, 
                          seqused_q: Optional[Tensor], seqused_k: Optional[Tensor], max_seqlen_q: int,
                          max_seqlen_k: int, softmax_scale: float, causal: bool, deterministic: bool,
                          sinks: Optional[Tensor] = None, window_left: int = -1, window_right: int = -1,
-                         softcap: float = 0.0) -> Tuple[Tensor, Tensor]:
+                         softcap: float = 0.0, q_scale: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
+                         v_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    # The FP8 descales last, with defaults: a bf16/fp16 call leaves them out.
     return _varlen_forward(q, k, v, (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k),
-                           softmax_scale, causal, sinks, (window_left, window_right, softcap))
+                           softmax_scale, causal, sinks, (window_left, window_right, softcap),
+                           (q_scale, k_scale, v_scale))
 
 
 @_on_tensor_device
@@ -457,7 +472,7 @@ varlen_bwd = torch.library.custom_op("flash3::varlen_bwd", _varlen_backward_impl
 @varlen_fwd.register_fake
 def _varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                          softmax_scale, causal, deterministic, sinks=None, window_left=-1, window_right=-1,
-                         softcap=0.0):
+                         softcap=0.0, q_scale=None, k_scale=None, v_scale=None):
     return _varlen_outputs(q)
 
 
@@ -469,7 +484,9 @@ def _varlen_backward_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, s
 
 
 def _varlen_fwd_setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, causal, deterministic, sinks, *mask = inputs
+    # The FP8 descales, last, take no part in the backward.
+    (q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, causal, deterministic, sinks, *mask, _, _,
+     _) = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], sinks, cu_q, cu_k, used_q, used_k)
     ctx.max_seqlens, ctx.softmax_scale, ctx.causal, ctx.deterministic = (max_q, max_k), softmax_scale, causal, deterministic
     ctx.mask = tuple(mask)
@@ -478,9 +495,10 @@ def _varlen_fwd_setup_context(ctx, inputs, output):
 
 def _varlen_fwd_backward(ctx, dout, dlse):
     q, k, v, out, lse, sinks, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
+    _refuse_fp8_backward(q)
     dq, dk, dv, dsinks = varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.max_seqlens,
                                     ctx.softmax_scale, ctx.causal, ctx.deterministic, sinks, *ctx.mask)
-    return (dq, dk, dv) + (None,) * 9 + (None if sinks is None else dsinks, None, None, None)
+    return (dq, dk, dv) + (None,) * 9 + (None if sinks is None else dsinks,) + (None,) * 6
 
 
 varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)

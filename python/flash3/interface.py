@@ -117,19 +117,20 @@ def _scale_granularity(name, t, device, shapes):
         "(flash3.quantize_fp8 writes them)")
 
 
-def _fp8_scales(q, k, q_descale, k_descale, v_descale):
+def _fp8_scales(device, sizes, q_descale, k_descale, v_descale):
     """The three descales in flash3's layouts, at the finest granularity any of
     them has: the coarser ones (and ones for an absent one, as in
     FlashAttention-3) broadcast to it. A (batch, heads_kv) Q descale, as
-    FlashAttention-3 takes it, serves every query head of its group."""
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    FlashAttention-3 takes it, serves every query head of its group. sizes:
+    (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim); packed
+    sequences' batch is the number of sequences, their seqlens the longest's."""
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = sizes
     block_q, block_kv = _abi.FP8_BLOCK_SIZES[head_dim]
     q_shapes = {_abi.PER_HEAD: [(batch, heads_kv), (batch, heads_q)] if heads_q != heads_kv else [(batch, heads_q)],
                 _abi.PER_BLOCK: [_ops.scale_shape(_abi.PER_BLOCK, batch, heads_q, seqlen_q, block_q)]}
     kv_shapes = {_abi.PER_HEAD: [(batch, heads_kv)],
                  _abi.PER_BLOCK: [_ops.scale_shape(_abi.PER_BLOCK, batch, heads_kv, seqlen_k, block_kv)]}
-    given = [(t, _scale_granularity(name, t, q.device, shapes), heads, seqlen, block)
+    given = [(t, _scale_granularity(name, t, device, shapes), heads, seqlen, block)
              for name, t, shapes, heads, seqlen, block in (
                  ("q_descale", q_descale, q_shapes, heads_q, seqlen_q, block_q),
                  ("k_descale", k_descale, kv_shapes, heads_kv, seqlen_k, block_kv),
@@ -138,7 +139,7 @@ def _fp8_scales(q, k, q_descale, k_descale, v_descale):
     scales = []
     for t, g, heads, seqlen, block in given:
         if t is None:
-            t, g = torch.ones(1, dtype=torch.float32, device=q.device), _abi.PER_TENSOR
+            t, g = torch.ones(1, dtype=torch.float32, device=device), _abi.PER_TENSOR
         if target == _abi.PER_TENSOR:
             t = t.reshape(1)
         else:
@@ -217,6 +218,21 @@ def _checked_scale(softmax_scale, q):
     return float(softmax_scale)
 
 
+def _check_fp8_forward(q, k, v, mask):
+    """What the FP8 forward lacks: a backward pass, and softcapping."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError("q: FP8 (float8_e4m3fn) attention has no backward pass in flash3: "
+                                  "call it on tensors that do not require grad, or under torch.no_grad()")
+    if mask[2] != 0.0:
+        raise NotImplementedError("softcap: the FP8 (float8_e4m3fn) forward has no softcapping in flash3")
+
+
+def _check_no_descales(q, q_descale, k_descale, v_descale):
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is not None:
+            raise ValueError(f"{name}: descales are for float8_e4m3fn inputs; q is {q.dtype}")
+
+
 def _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, deterministic, return_attn_probs,
             out_dtype, sinks, window_size, softcap):
     """flash_attn_func and flash_attn_qkvpacked_func past their own arguments."""
@@ -229,16 +245,12 @@ def _attend(q, k, v, softmax_scale, causal, q_descale, k_descale, v_descale, det
             out_dtype = torch.bfloat16
         elif out_dtype not in _OUT_DTYPES:
             raise ValueError(f"out_dtype: FP8 attention writes torch.bfloat16 or torch.float16, got {out_dtype}")
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            raise NotImplementedError("q: FP8 (float8_e4m3fn) attention has no backward pass in flash3: "
-                                      "call it on tensors that do not require grad, or under torch.no_grad()")
-        if mask[2] != 0.0:
-            raise NotImplementedError("softcap: the FP8 (float8_e4m3fn) forward has no softcapping in flash3")
-        scales = _fp8_scales(q, k, q_descale, k_descale, v_descale)
+        _check_fp8_forward(q, k, v, mask)
+        (batch, seqlen_q, heads_q, head_dim), (seqlen_k, heads_kv) = q.shape, k.shape[1:3]
+        scales = _fp8_scales(q.device, (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), q_descale,
+                             k_descale, v_descale)
     else:
-        for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-            if t is not None:
-                raise ValueError(f"{name}: descales are for float8_e4m3fn inputs; q is {q.dtype}")
+        _check_no_descales(q, q_descale, k_descale, v_descale)
         if out_dtype is not None and out_dtype != q.dtype:
             raise ValueError(f"out_dtype: {q.dtype} inputs give a {q.dtype} output, got {out_dtype}")
         out_dtype = q.dtype
@@ -342,22 +354,23 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     Each sequence is masked on its own: causal (bottom-right aligned),
     window_size, softcap and sinks as in flash_attn_func. bfloat16 and
-    float16, differentiable in q, k, v and sinks.
+    float16, differentiable in q, k, v and sinks; or torch.float8_e4m3fn
+    (forward only, no softcap) with float32 descales per sequence, batch
+    being the number of sequences: shape (1,) per tensor, (batch, heads_kv)
+    per head as FlashAttention-3 takes them (or (batch, heads_q) for q), or
+    per block (batch, heads, ceil(max_seqlen / block)), blocks of the rows
+    of quantize_fp8's granularity "block" counted from each sequence's own
+    first row (those past a sequence's rows are not read); absent ones are 1.
 
-    Returns out [total_q, heads_q, head_dim] and with return_attn_probs (out,
-    lse), lse the float32 [heads_q, total_q] log-sum-exp of each row.
+    Returns out [total_q, heads_q, head_dim] (q's dtype; FP8: torch.bfloat16)
+    and with return_attn_probs (out, lse), lse the float32 [heads_q, total_q]
+    log-sum-exp of each row.
     """
     if not (qv is None and pack_gqa is None and type(attention_chunk) is int and attention_chunk == 0
             and type(num_splits) is int and num_splits == 1 and type(sm_margin) is int and sm_margin == 0):
         _not_supported(qv=(qv, None), attention_chunk=(attention_chunk, 0), num_splits=(num_splits, 1),
                        pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
-    if isinstance(q, torch.Tensor) and q.dtype == _E4M3:
-        raise NotImplementedError("q: the FP8 (float8_e4m3fn) forward takes fixed-length batches in flash3 "
-                                  "(flash_attn_func)")
-    _check_qkv(q, k, v, _OUT_DTYPES, dims=3)
-    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if t is not None:
-            raise ValueError(f"{name}: descales are for float8_e4m3fn inputs; q is {q.dtype}")
+    _check_qkv(q, k, v, _ops.DTYPES, dims=3)
     cu_seqlens_q = _checked_index_tensor("cu_seqlens_q", cu_seqlens_q, None, q.device)
     if cu_seqlens_q.shape[0] < 1:
         raise ValueError("cu_seqlens_q: must have batch + 1 >= 1 entries, got shape (0,)")
@@ -372,8 +385,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sinks = _checked_sinks(sinks, q, heads_dim=1)
     mask = _mask(window_size, causal, softcap)
     softmax_scale = _checked_scale(softmax_scale, q)
+    if q.dtype == _E4M3:
+        _check_fp8_forward(q, k, v, mask)
+        (heads_q, head_dim), heads_kv = q.shape[1:], k.shape[1]
+        scales = _fp8_scales(q.device, (batch, max_seqlen_q, max_seqlen_k, heads_q, heads_kv, head_dim), q_descale,
+                             k_descale, v_descale)
+    else:
+        _check_no_descales(q, q_descale, k_descale, v_descale)
+        scales = (None, None, None)
     out, lse = _ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                               softmax_scale, bool(causal), bool(deterministic), sinks, *mask)
+                               softmax_scale, bool(causal), bool(deterministic), sinks, *mask, *scales)
     return (out, lse) if return_attn_probs else out
 
 

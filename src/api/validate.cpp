@@ -63,12 +63,13 @@ Status check_fp8(ForwardArgs const& a) {
   return Status();
 }
 
-// The forward's packed kernels are built for bf16/fp16 with every option on.
+// The forward's packed kernels are built with every option on, FP8's for a
+// bf16 O (fwd::Variant::packed_built).
 Status check_varlen(ForwardArgs const& a) {
   if (Status s = checks::varlen(a.varlen); !s.ok() || a.varlen.cu_seqlens_q == nullptr) return s;
-  if (a.dtype == DType::kE4M3) {
-    return Status(Status::Code::kUnsupported, "varlen: packed sequences take kBF16 or kFP16 (the FP8 forward takes "
-                                              "fixed-length batches)");
+  if (a.dtype == DType::kE4M3 && a.fp8.out_dtype != DType::kBF16) {
+    return Status(Status::Code::kUnsupported, "fp8.out_dtype: packed sequences (varlen) in FP8 write O in kBF16 "
+                                              "only, got kFP16");
   }
   if (!(a.options.pingpong && a.options.intra_warpgroup_overlap && a.options.warp_specialization &&
         a.options.persistent)) {

@@ -45,7 +45,8 @@ struct Fp8Descale {
   int q_stage;  // Q's buffer, beside which the producer put Q's descale
   // K's and V's descales share one layout (launch.h), so one offset of this
   // tile's (batch, head) serves both: a register, not two pointers. (32 bits:
-  // 2^31 scales would take a tensor of 2^44 elements.)
+  // validate() keeps batch * heads * ceil(seqlen / 64) below 2^31, packed
+  // sequences' batch and longest seqlen too, and a scale block is >= 64 rows.)
   int kv_offset;
   float v_descale = 1.f;  // of the V block last added to O
 
@@ -54,7 +55,9 @@ struct Fp8Descale {
         kv_offset(int(tile.batch * p.k_scale.batch_stride + head_kv * p.k_scale.head_stride)) {}
 
   // Loaded before the block's GEMMs are issued, so that the loads' latency
-  // hides behind them. A scale block is a key block (fp8_scale_blocks).
+  // hides behind them. A scale block is a key block (fp8_scale_blocks); with
+  // packed sequences tile.batch is the sequence and n_block counts from its
+  // first key, as the scales' layout does (flash3.h, Varlen).
   CUTE_DEVICE BlockDescale block(int n_block) const {
     int const i = kv_offset + n_block * int(p.k_scale.block_stride);
     return {smem.q_descale[q_stage] * p.k_scale.data[i], p.v_scale.data[i]};

@@ -29,10 +29,10 @@ bool launch_if_selected(ForwardArgs const& a, DeviceInfo const& device, cudaStre
       using Element = ElementOf<kDType>;
       Window const w = window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k);
       bool const window = w.left >= 0 || (!a.causal && w.right >= 0);
-      // Packed sequences: kernels of their own, built for the rows with
-      // every technique on, bf16 and fp16 (validate() refuses the others).
+      // Packed sequences: kernels of their own, built for the rows
+      // Variant::packed_built names (validate() refuses the others).
       if (a.varlen.cu_seqlens_q != nullptr) {
-        if constexpr (kRow.variant.all_techniques() && kDType != DType::kE4M3) {
+        if constexpr (kRow.variant.packed_built(kDType)) {
           constexpr Variant kPacked = kRow.variant.with_packed(true);
           status = window   ? launch_forward<FwdTraits<Element, kHeadDim, kPacked.with_mask(false, true)>>(a, device, stream)
                    : a.causal ? launch_forward<FwdTraits<Element, kHeadDim, kPacked.with_mask(true, false)>>(a, device, stream)

@@ -35,7 +35,8 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   using KernelT = ForwardKernel<Traits>;
   typename KernelT::Params params;
   float const scale = a.softmax_scale != 0.f ? a.softmax_scale : 1.f / std::sqrt(float(a.head_dim));
-  // FP8's descale factors; per-block ones are laid out by the scale blocks.
+  // FP8's descale factors; per-block ones are laid out by the scale blocks
+  // (packed sequences': of the longest sequence, seqlen_q and seqlen_k).
   ScaleView q_scale, k_scale, v_scale;
   if constexpr (Traits::kFp8) {
     ScaleGranularity const g = a.fp8.granularity;

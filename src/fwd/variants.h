@@ -36,6 +36,12 @@ struct Variant {
   }
   // Every technique on: the variants the window and packed kernels are built for.
   constexpr bool all_techniques() const { return pingpong && intra_warpgroup_overlap && warp_specialization; }
+  // Packed sequences' kernels: every technique on, and FP8's with a bf16 O
+  // only (FlashAttention-3's FP8 output), so that they add three kernels per
+  // head dim, not six.
+  constexpr bool packed_built(DType dtype) const {
+    return all_techniques() && (dtype != DType::kE4M3 || fp8_out == DType::kBF16);
+  }
 };
 
 // A row of the table: a variant built for a dtype and one head dim, or every

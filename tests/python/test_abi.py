@@ -138,6 +138,15 @@ def test_varlen_forward_args_by_field_name():
         varlen[0].data_ptr(), varlen[1].data_ptr(), None, varlen[3].data_ptr())
     assert (a.varlen.total_q, a.varlen.total_k, a.lse, a.causal, a.tile_counter) == (30, 50, lse.data_ptr(), True,
                                                                                     None)
+    assert (a.fp8.granularity, a.fp8.q, a.fp8.k, a.fp8.v) == (0, None, None, None)
+
+    # FP8: per-head scales of the 2 sequences, O in bf16.
+    q8, k8 = q.to(torch.float8_e4m3fn), k.to(torch.float8_e4m3fn)
+    scales = [torch.ones(2, h) for h in (6, 3, 3)]
+    a = _ops.varlen_forward_args(q8, k8, k8, out, lse, 0.25, True, None, varlen, scales=scales)
+    assert (a.dtype, a.batch, a.fp8.granularity, a.fp8.out_dtype) == (_abi.E4M3, 2, _abi.PER_HEAD, _abi.BF16)
+    assert (a.fp8.q, a.fp8.k, a.fp8.v) == tuple(s.data_ptr() for s in scales)
+    assert _packed_ref_matches(a.q, q8) and _packed_ref_matches(a.o, out)
 
 
 def test_varlen_backward_args_by_field_name():

@@ -460,17 +460,29 @@ def dequantize(x8, scale, block):
     return x * scale.double()[:, :, rows].permute(0, 2, 1)[..., None]
 
 
-def straightforward_fp8(q, k, v, causal, scale, out_dtype, sinks=None):
+def straightforward_fp8(q, k, v, causal, scale, out_dtype, sinks=None, window=(-1, -1)):
     """Attention of dequantized inputs with P rounded to e4m3 and O to
     out_dtype, in float32: the FP8 tolerance's yardstick."""
     qt, kt, vt = _heads_first(q.float(), k.float(), v.float())
     s = (qt @ kt.transpose(-1, -2)) * scale
-    s = s.masked_fill(~visible(q.shape[1], k.shape[1], causal, q.device), -math.inf)
+    s = s.masked_fill(~visible(q.shape[1], k.shape[1], causal, q.device, window), -math.inf)
     if sinks is not None:
         s = _with_sinks(s, sinks)
     p = torch.softmax(s, -1).nan_to_num(0.0)
     p = (p if sinks is None else p[..., :-1]).to(E4M3).float()
     return (p @ vt).transpose(1, 2).to(out_dtype)
+
+
+def fp8_lse_slack(qd, kd, head_dim, scale):
+    """The LSE's slack of FP8 inputs: FP8 WGMMA accumulates with about 14
+    mantissa bits, so S = QK^T carries up to 2^-13 of sum |q_c k_c| per
+    k-step of 32 (the C++ FP8 test's slack), bounded by |q| max_j |k_j|.
+    [batch, heads_q, seqlen_q]."""
+    accumulation = (head_dim / 32) * 2.0 ** -13 * scale
+    # A zero row joins the key norms: a sequence may have no key.
+    k_norm = torch.nn.functional.pad(kd.norm(dim=-1), (0, 0, 0, 1))
+    k_max = k_norm.amax(dim=1).repeat_interleave(qd.shape[2] // kd.shape[2], 1)  # [b, hq]
+    return accumulation * qd.norm(dim=-1).transpose(1, 2) * k_max[:, :, None]
 
 
 @pytest.mark.parametrize("granularity", ["tensor", "head", "block"])
@@ -498,12 +510,7 @@ def test_fp8_against_dequantized_reference(gpu, granularity, head_dim, causal):
         assert out.dtype == out_dtype
         check_output(f"fp8 out {case}", out, ref_out,
                      straightforward_fp8(qd, kd, vd, causal, scale, out_dtype, sinks))
-        # FP8 WGMMA accumulates with about 14 mantissa bits: S = QK^T carries
-        # up to 2^-13 of sum |q_c k_c| per k-step of 32 (the C++ FP8 test's slack).
-        accumulation = (head_dim / 32) * 2.0 ** -13 * scale
-        group = hq // hkv
-        k_max = kd.norm(dim=-1).amax(dim=1).repeat_interleave(group, 1)  # [b, hq]
-        slack = accumulation * qd.norm(dim=-1).transpose(1, 2) * k_max[:, :, None]  # [b, hq, sq]
+        slack = fp8_lse_slack(qd, kd, head_dim, scale)
         check_lse(lse, ref_lse, slack[~torch.isinf(ref_lse)])
 
 
@@ -518,6 +525,97 @@ def test_quantize_fp8_rounds_within_e4m3(gpu, granularity):
         # e4m3: 3 mantissa bits (half an ulp is 2^-4 relative), subnormals below 2^-6 (ulp 2^-9).
         assert bool(((deq - x.double()).abs() <= x.double().abs() * 2 ** -4 + ones * 2 ** -10).all())
         assert bool((scale > 0).all()) and bool(torch.isfinite(scale).all())
+
+
+def packed_scales(granularity, batch, heads, lengths, used, block, device, heads_given=None):
+    """Random descales of packed sequences in flash3's layouts (batch the
+    sequences, blocks of the longest one): positive, and NaN for the blocks
+    wholly past a sequence's used rows, which the kernel must not read.
+    heads_given: a per-head Q descale in FlashAttention-3's (batch, heads_kv)."""
+    if granularity == "tensor":
+        return torch.rand(1, device=device) + 0.5
+    if granularity == "head":
+        return torch.rand(batch, heads_given or heads, device=device) + 0.5
+    blocks = max(-(-n // block) for n in lengths)
+    scale = torch.rand(batch, heads, blocks, device=device) + 0.5
+    for b, n in enumerate(used):
+        scale[b, :, -(-n // block):] = math.nan
+    return scale
+
+
+def dequantize_sequence(x8, scale, b, first, used, block):
+    """float64 [1, used, heads, head_dim] of sequence b's first `used` rows
+    (from packed row `first`) with its descales in the packed layout."""
+    x = x8[first:first + used].double()
+    if scale.dim() == 2:  # per head; FlashAttention-3's (batch, heads_kv) shared by each group
+        scale = scale[b].repeat_interleave(x.shape[1] // scale.shape[1])[:, None]
+    elif scale.dim() == 3:  # per block, counted from the sequence's first row
+        scale = scale[b][:, torch.arange(used, device=x.device) // block].T[..., None]
+    return (x * scale.double())[None]
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "head", "block"])
+@pytest.mark.parametrize("head_dim", interface.FP8_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_fp8_against_dequantized_reference(gpu, granularity, head_dim, causal):
+    # Each packed sequence against the attention of its own dequantized rows.
+    rng = seeded("varlen fp8", granularity, head_dim, causal)
+    block_q, block_kv = _abi.FP8_BLOCK_SIZES[head_dim]
+    i32 = dict(dtype=torch.int32, device=gpu)
+    for window, seqused in (((-1, -1), False), ((-1, -1), True),
+                            ((rng.randint(0, 100), rng.choice([-1, 0, 20])), rng.random() < 0.5)):
+        batch = rng.randint(1, 6)
+        heads_kv = rng.choice([1, 2])
+        hq = heads_kv * rng.choice([1, 3])
+        lens_q = varlen_lengths(rng, batch)
+        lens_k = lens_q if rng.random() < 0.4 else varlen_lengths(rng, batch)
+        used_q = [rng.randint(0, n) for n in lens_q] if seqused else lens_q
+        used_k = [rng.randint(0, n) for n in lens_k] if seqused else lens_k
+        cu_q = [0] + [sum(lens_q[:i + 1]) for i in range(batch)]
+        cu_k = [0] + [sum(lens_k[:i + 1]) for i in range(batch)]
+        total_q, total_k = cu_q[-1] + rng.choice([0, 3]), cu_k[-1] + rng.choice([0, 5])
+        q8, k8, v8 = (torch.randn(n, h, head_dim, device=gpu).to(E4M3)
+                      for n, h in ((total_q, hq), (total_k, heads_kv), (total_k, heads_kv)))
+        fa3_q = granularity == "head" and rng.random() < 0.5 and hq != heads_kv
+        qs = packed_scales(granularity, batch, hq, lens_q, used_q, block_q, gpu, heads_kv if fa3_q else None)
+        ks, vs = (packed_scales(granularity, batch, heads_kv, lens_k, used_k, block_kv, gpu) for _ in range(2))
+        used = dict(seqused_q=torch.tensor(used_q, **i32), seqused_k=torch.tensor(used_k, **i32)) if seqused else {}
+        out, lse = flash3.flash_attn_varlen_func(q8, k8, v8, torch.tensor(cu_q, **i32), torch.tensor(cu_k, **i32),
+                                                 max(lens_q), max(lens_k), causal=causal, q_descale=qs, k_descale=ks,
+                                                 v_descale=vs, window_size=window, return_attn_probs=True, **used)
+        assert (out.shape, out.dtype, lse.shape) == (q8.shape, BF16, (hq, total_q))
+        scale = head_dim ** -0.5
+        case = dict(lens_q=lens_q, lens_k=lens_k, used_q=used_q, used_k=used_k, heads=(hq, heads_kv),
+                    window=window, fa3_q=fa3_q)
+        for b in range(batch):
+            if used_q[b] == 0:
+                continue
+            rows = slice(cu_q[b], cu_q[b] + used_q[b])
+            qd = dequantize_sequence(q8, qs, b, cu_q[b], used_q[b], block_q)
+            kd, vd = (dequantize_sequence(t, s_, b, cu_k[b], used_k[b], block_kv) for t, s_ in ((k8, ks), (v8, vs)))
+            ref_out, ref_lse = reference(qd, kd, vd, causal, scale, window=window)
+            check_output(f"varlen fp8 out {case} sequence {b}", out[rows][None], ref_out,
+                         straightforward_fp8(qd, kd, vd, causal, scale, BF16, window=window))
+            slack = fp8_lse_slack(qd, kd, head_dim, scale)
+            check_lse(lse[:, rows][None], ref_lse, slack[~torch.isinf(ref_lse)])
+
+
+def test_varlen_fp8_equals_flash_attn_func_on_equal_lengths(gpu):
+    # Sequences all of one length: the packed call is the batched one, its
+    # per-block descales the batched call's own.
+    torch.manual_seed(9)
+    b, s, hq, hkv, d = 3, 333, 8, 2, 128
+    q, k, v = (torch.randn(b, s, h, d, device=gpu, dtype=BF16) for h in (hq, hkv, hkv))
+    q8, k8, v8, qs, ks, vs = flash3.quantize_fp8(q, k, v, granularity="block")
+    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=gpu)
+    for causal in (False, True):
+        out, lse = flash3.flash_attn_func(q8, k8, v8, causal=causal, q_descale=qs, k_descale=ks, v_descale=vs,
+                                          return_attn_probs=True)
+        packed_out, packed_lse = flash3.flash_attn_varlen_func(q8.flatten(0, 1), k8.flatten(0, 1), v8.flatten(0, 1),
+                                                               cu, cu, s, s, causal=causal, q_descale=qs,
+                                                               k_descale=ks, v_descale=vs, return_attn_probs=True)
+        assert torch.equal(packed_out.view(b, s, hq, d), out)
+        assert torch.equal(packed_lse.view(hq, b, s).transpose(0, 1), lse)
 
 
 def test_fa3_descale_shapes(gpu):

@@ -50,7 +50,6 @@ def _bad_varlen_calls():
         ("varlen 4 dims", call(q=meta(2, 150, 8, 128)), ValueError, "q: must have 3 dims [total_tokens"),
         ("varlen k dims", call(k=meta(1, 250, 2, 128)), ValueError, "k: must have 3 dims"),
         ("varlen float32", call(q=meta(300, 8, 128, dtype=torch.float32)), ValueError, "q: dtype torch.float32"),
-        ("varlen fp8", call(q=meta(300, 8, 128, dtype=E4M3)), NotImplementedError, "q: the FP8"),
         ("varlen head dim", call(k=meta(250, 2, 64), v=meta(250, 2, 64)), ValueError, "k: head_dim must be q's"),
         ("varlen gqa", call(k=meta(250, 3, 128), v=meta(250, 3, 128)), ValueError, "k: its heads (3)"),
         ("varlen v shape", call(v=meta(251, 2, 128)), ValueError, "v: shape must be k's"),
@@ -77,6 +76,44 @@ def _bad_varlen_calls():
         ("varlen scale", call(softmax_scale=0.0), ValueError, "softmax_scale"),
         ("varlen descale", call(q_descale=meta(1, dtype=torch.float32)), ValueError, "q_descale: descales are for"),
         ("varlen num_splits", call(num_splits=2), NotImplementedError, "num_splits"),
+        *_bad_varlen_fp8_calls(),
+    ]
+
+
+def _bad_varlen_fp8_calls():
+    """Packed FP8: descales per sequence (batch 3 here, not the packed tensor's
+    one entry) and per block of the longest sequence (max_seqlen 120 / 100)."""
+    q8, k8, v8, cu_q, cu_k = packed(dtype=E4M3)
+    f = flash3.flash_attn_varlen_func
+    block_q = _abi.FP8_BLOCK_SIZES[128][0]
+
+    def call(**changes):
+        a = dict(q=q8, k=k8, v=v8, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=120, max_seqlen_k=100)
+        a.update(changes)
+        return lambda: f(**a)
+
+    def scale(*shape, dtype=torch.float32):
+        return meta(*shape, dtype=dtype)
+
+    return [
+        ("varlen fp8 k dtype", call(k=packed()[1]), ValueError, "k: dtype must be q's"),
+        ("varlen fp8 head dim", call(q=meta(300, 8, 96, dtype=E4M3), k=meta(250, 2, 96, dtype=E4M3),
+                                     v=meta(250, 2, 96, dtype=E4M3)), ValueError, "q: head_dim 96 is not supported"),
+        ("varlen fp8 grad", call(q=meta(300, 8, 128, dtype=E4M3, requires_grad=True)), NotImplementedError, "q: FP8"),
+        ("varlen fp8 softcap", call(softcap=30.0), NotImplementedError, "softcap: the FP8"),
+        ("varlen fp8 descale dtype", call(q_descale=scale(1, dtype=torch.float64)), ValueError,
+         "q_descale: must be float32"),
+        ("varlen fp8 descale type", call(k_descale=2.0), ValueError, "k_descale: must be a torch.Tensor"),
+        ("varlen fp8 descale device", call(v_descale=torch.ones(1)), ValueError, "v_descale: must be on q's"),
+        # One batch entry (the packed tensors'), not the 3 sequences.
+        ("varlen fp8 head batch", call(k_descale=scale(1, 2)), ValueError,
+         "k_descale: shape (1, 2) is none of the descale layouts"),
+        ("varlen fp8 head count", call(v_descale=scale(3, 8)), ValueError, "v_descale: shape (3, 8)"),
+        # Blocks of the packed rows (300), not of the longest sequence (120).
+        ("varlen fp8 blocks of total", call(q_descale=scale(3, 8, -(-300 // block_q))), ValueError,
+         f"q_descale: shape (3, 8, {-(-300 // block_q)}) is none of the descale layouts"),
+        # One block of block_kv (192) keys holds the longest sequence's 100.
+        ("varlen fp8 blocks of k", call(k_descale=scale(3, 2, 2)), ValueError, "k_descale: shape (3, 2, 2)"),
     ]
 
 
@@ -220,6 +257,22 @@ def test_varlen_default_fa3_arguments_are_accepted():
     assert out.shape == q.shape
 
 
+@pytest.mark.parametrize("granularity", ["tensor", "head", "block"])
+@pytest.mark.parametrize("d", interface.FP8_HEAD_DIMS)
+def test_varlen_fp8_shapes_on_meta(granularity, d):
+    # 4 sequences, the longest 120 query and 99 key rows; GQA.
+    q8, k8, v8, cu_q, cu_k = packed(total_q=301, total_k=257, hq=6, hkv=2, d=d, batch=4, dtype=E4M3)
+    block_q, block_kv = _abi.FP8_BLOCK_SIZES[d]
+    shapes = {"tensor": [(1,), (1,)], "head": [(4, 2), (4, 2)],  # FlashAttention-3's (batch, heads_kv) for Q too
+              "block": [(4, 6, -(-120 // block_q)), (4, 2, -(-99 // block_kv))]}[granularity]
+    qs, ks, vs = (meta(*shape, dtype=torch.float32) for shape in (shapes[0], shapes[1], shapes[1]))
+    out, lse = flash3.flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, 120, 99, causal=True, q_descale=qs,
+                                             k_descale=ks, v_descale=vs, window_size=(50, 0), return_attn_probs=True)
+    assert (out.shape, out.dtype, out.stride()) == ((301, 6, d), BF16, (6 * d, d, 1))
+    assert (lse.shape, lse.dtype) == ((6, 301), torch.float32)
+    assert flash3.flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, 120, 99).dtype == BF16  # descales absent: 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 def test_sinks_gradient_on_meta(dtype):
     q, k, v = qkv(b=2, sq=77, sk=131, hq=6, hkv=2, d=128, requires_grad=True)
@@ -287,23 +340,24 @@ def test_fake_cuda_tensors_take_the_operator():
 
 def test_fa3_descales_map_to_flash3_layouts():
     b, hq, hkv = 2, 6, 2
-    q, k = torch.empty(b, 10, hq, 64), torch.empty(b, 700, hkv, 64)
+    cpu = torch.device("cpu")
     q_fa3 = torch.arange(b * hkv, dtype=torch.float32).reshape(b, hkv) + 1  # FlashAttention-3: (batch, heads_kv)
     kd = torch.full((b, hkv), 2.0)
-    qs, ks, vs = interface._fp8_scales(q, k, q_fa3, kd, None)
+    sizes = (b, 10, 700, hq, hkv, 64)
+    qs, ks, vs = interface._fp8_scales(cpu, sizes, q_fa3, kd, None)
     assert torch.equal(qs, q_fa3.repeat_interleave(hq // hkv, dim=1))  # each query head takes its group's
     assert torch.equal(ks, kd) and torch.equal(vs, torch.ones(b, hkv)) and qs.is_contiguous()
 
     per_block_k = torch.rand(b, hkv, -(-700 // _abi.FP8_BLOCK_SIZES[64][1]))
-    qs, ks, vs = interface._fp8_scales(q, k, torch.tensor([3.0]), per_block_k, torch.tensor(0.5))
+    qs, ks, vs = interface._fp8_scales(cpu, sizes, torch.tensor([3.0]), per_block_k, torch.tensor(0.5))
     assert qs.shape == (b, hq, 1) and torch.equal(qs, torch.full((b, hq, 1), 3.0))
     assert torch.equal(ks, per_block_k) and torch.equal(vs, torch.full_like(per_block_k, 0.5))
 
-    qs, ks, vs = interface._fp8_scales(q, k, None, None, None)
+    qs, ks, vs = interface._fp8_scales(cpu, sizes, None, None, None)
     assert all(torch.equal(s, torch.ones(1)) for s in (qs, ks, vs))
 
     expanded = torch.tensor([4.0]).expand(b, hkv)  # a per-tensor scale in FlashAttention-3's shape
-    qs, ks, vs = interface._fp8_scales(q, k, expanded, expanded, expanded)
+    qs, ks, vs = interface._fp8_scales(cpu, sizes, expanded, expanded, expanded)
     assert qs.shape == (b, hq) and bool((qs == 4).all()) and ks.is_contiguous()
 
 
@@ -341,11 +395,17 @@ def _varlen_op_cases():
     lse = meta(4, 130, dtype=torch.float32)
     d = [t.detach() for t in (q, k, v)]
     sinks = meta(4, dtype=torch.float32, requires_grad=True)
+    q8, k8, v8 = (t.detach().to(E4M3) for t in (q, k, v))
+    # Per block, of 3 sequences: the longest 60 query rows, 50 keys.
+    scales = [meta(3, 4, 1, dtype=torch.float32), meta(3, 2, 1, dtype=torch.float32),
+              meta(3, 2, 1, dtype=torch.float32)]
     return [
         ("varlen fwd", torch.ops.flash3.varlen_fwd.default,
          (q, k, v, cu_q, cu_k, None, None, 60, 50, 0.125, True, False)),
         ("varlen fwd all", torch.ops.flash3.varlen_fwd.default,
          (q, k, v, cu_q, cu_k, used, used, 60, 50, 0.125, False, True, sinks, 30, 4, 15.0)),
+        ("varlen fwd fp8", torch.ops.flash3.varlen_fwd.default,
+         (q8, k8, v8, cu_q, cu_k, None, used, 60, 50, 0.125, True, False, None, -1, 0, 0.0, *scales)),
         ("varlen bwd", torch.ops.flash3.varlen_bwd.default,
          (d[0], *d, d[0], lse, cu_q, cu_k, None, used, 60, 50, 0.125, True, True)),
         ("varlen bwd sinks", torch.ops.flash3.varlen_bwd.default,
