@@ -6,7 +6,7 @@
 # docs/performance.md from them). Binaries are built on the workstation and
 # carried in .device/ (scripts/stage_device.sh), or built here by the stage
 # `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
-#   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize bench bwd
+#   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize sanitize_varlen bench bwd
 #                                       fp8 ablation compare sustained match ab features varlen
 #                                       (default: test python sanitize bench bwd fp8 ablation compare)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter); BUILD_DTYPES and
@@ -136,10 +136,14 @@ if has sanitize; then
     timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/test_gpu \
       --gtest_filter='Forward.TilesWhoseRowsSeeNoKey' >>"$OUT/sanitize.log" 2>&1
     summary+=("compute-sanitizer $tool (no-key tiles) rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
-    # Packed sequences (varlen), both passes: their tests' batches (empty
-    # sequences, seqused, partial blocks), which the benchmark does not have.
+  done
+fi
+if has sanitize || has sanitize_varlen; then
+  # Packed sequences (varlen), both passes and FP8: their tests' batches
+  # (empty sequences, seqused, partial blocks), which the benchmark does not have.
+  for tool in memcheck racecheck synccheck; do
     timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 $B/test_gpu \
-      --gtest_filter='Forward.Varlen:Backward.Varlen' >>"$OUT/sanitize.log" 2>&1
+      --gtest_filter='Forward.Varlen:Backward.Varlen:ForwardFp8.Varlen' >>"$OUT/sanitize.log" 2>&1
     summary+=("compute-sanitizer $tool (varlen) rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
   done
 fi
