@@ -20,6 +20,7 @@ The data folder holds (all but gpu.txt optional):
   bench_bwd_det.json flash3-bench --pass bwd --deterministic --json
   ablation.json      flash3-bench --ablation --json
   fp8_accuracy.txt   flash3-bench --fp8-accuracy's table (paper Table 3)
+  varlen.json        python -m flash3.benchmark --varlen --json: packed sequences against the fixed-length kernel
   clocks.txt         scripts/clock_summary.py's line (--import makes it from clocks.csv)
   notes.md           anything said by hand about the run, shown under the header
   compare.json       runs from before peers*.json: SDPA's backends timed in a separate process beside
@@ -50,7 +51,7 @@ BENCH_FILES = ("bench.json", "bench_bwd.json", "bench_fp8.json")
 PEERS_GLOB = "peers*.json"
 SEPARATE_PEERS = "compare.json"
 INPUT_FILES = ("gpu.txt",) + BENCH_FILES + ("bench_bwd_det.json", "ablation.json", SEPARATE_PEERS,
-                                            "fp8_accuracy.txt", "clocks.txt")
+                                            "fp8_accuracy.txt", "clocks.txt", "varlen.json")
 SHAPE_KEYS = ("pass", "dtype", "hdim", "causal", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv")
 PASS_ORDER = ("fwd", "bwd", "fwd+bwd")
 PASS_NAMES = {"fwd": "Forward", "bwd": "Backward", "fwd+bwd": "Forward + backward"}
@@ -188,7 +189,7 @@ def load(data):
     peers = sorted(data.glob(PEERS_GLOB))
     run = {"gpu": read_gpu(gpu), "bench": [], "separate_peers": js(SEPARATE_PEERS),
            "peers": [(path.name,) + sweep.read_json(path) for path in peers],
-           "det": js("bench_bwd_det.json") or [], "ablation": js("ablation.json")}
+           "det": js("bench_bwd_det.json") or [], "ablation": js("ablation.json"), "varlen": js("varlen.json")}
     for name in BENCH_FILES:
         run["bench"] += js(name) or []
     accuracy = text("fp8_accuracy.txt")
@@ -523,6 +524,35 @@ def ablation_section(run):
     return out + [md_table(header, body), ""]
 
 
+def varlen_section(run):
+    """Packed sequences (flash_attn_varlen_func) against flash_attn_func on the same tokens, one process."""
+    out = ["## Packed sequences (varlen)", ""]
+    varlen = run["varlen"]
+    if not varlen:
+        return out + ["Not measured in this run (no varlen.json).", ""]
+    out += ["`python -m flash3.benchmark --varlen`: `flash_attn_varlen_func` on packed sequences against",
+            "`flash_attn_func` on the same tokens as a fixed-length batch, TFLOP/s of the real FLOPs (each",
+            "sequence's own). Equal lengths: the batch packed. The mix: documents of seeded lengths",
+            "log-uniform in [128, 8192] packed to 16k tokens, against the fixed-length kernel at their",
+            "token-weighted mean length, and through SDPA's cuDNN backend on the batch padded to its longest",
+            "document and SDPA on a jagged nested tensor.", "",
+            f"- regime: {sweep.regime_label(varlen['regime'])}",
+            f"- timer: {varlen.get('timer', 'not recorded')}", ""]
+    body = []
+    for r in varlen["rows"]:
+        if r["workload"] == "equal":
+            shape = f"{r['batch']} x {seqlen_label(r['seqlen'])}"
+        else:
+            shape = (f"{r['documents']} documents, {r['tokens']} tokens, mean {r['mean_length']:.0f} "
+                     f"(fixed {r['fixed_batch']} x {seqlen_label(r['fixed_seqlen'])})")
+        body.append([r["workload"], r["pass"], r["hdim"], "yes" if r["causal"] else "no", shape,
+                     fmt(r.get("fixed")), fmt(r.get("varlen")), fmt(r.get("ratio"), ".3f"),
+                     fmt(r.get("sdpa_padded_cudnn")), fmt(r.get("sdpa_jagged"))])
+    header = ["workload", "pass", "hdim", "causal", "shape", "fixed", "varlen", "varlen / fixed",
+              "SDPA cuDNN, padded", "SDPA, jagged"]
+    return out + [md_table(header, body), ""]
+
+
 def accuracy_section(run, rows):
     out = ["## Accuracy", "",
            "Each timed shape is first checked against the float32 GPU reference: flash3's largest error must be",
@@ -616,6 +646,7 @@ def report(run, data_label, plot_name):
         out += section_lines(section)
     out += deterministic_section(run, bench["rows"])
     out += ablation_section(run)
+    out += varlen_section(run)
     out += accuracy_section(run, bench["rows"])
     return "\n".join(out).rstrip() + "\n"
 

@@ -157,6 +157,14 @@ def write_run(folder, fp8=True, peers=True):
         write_peers(folder, "peers", GAP, ("bwd",), -98.0, date="2026-12-01T10:09:00+00:00")
         write_peers(folder, "peers_sustained", SUSTAINED, ("fwd",), -20.0)
     (folder / "fp8_accuracy.txt").write_text(FP8_ACCURACY)
+    (folder / "varlen.json").write_text(json.dumps({
+        "tool": "python -m flash3.benchmark --varlen", "regime": {"name": "gap", "gap_ms": 50.0, "scope": "sample"},
+        "timer": "CUDA events", "rows": [
+            {"workload": "equal", "pass": "bwd", "hdim": 128, "causal": True, "seqlen": 512, "batch": 32,
+             "heads": 16, "fixed": 200.0, "varlen": 180.0, "ratio": 0.9},
+            {"workload": "mix", "pass": "fwd", "hdim": 128, "causal": False, "documents": 5, "tokens": 16384,
+             "mean_length": 4124.6, "fixed_seqlen": 4096, "fixed_batch": 4, "heads": 16, "fixed": 700.0,
+             "varlen": 665.0, "ratio": 0.95, "sdpa_padded_cudnn": 250.0, "sdpa_jagged": 7.5}]}))
     (folder / "clocks.csv").write_text("".join(
         f"2026/12/01 10:00:0{i}.000, {mhz} MHz, {watts} W, 55, 0x0000000000000004\n"
         for i, (mhz, watts) in enumerate(((1980, 80.0), (1755, 650.0), (1980, 400.0)))))
@@ -202,7 +210,8 @@ def test_import_keeps_the_inputs_only_and_summarises_the_clocks(generated):
     data, _, _, _, _ = generated
     assert sorted(p.name for p in data.iterdir()) == sorted(
         ["gpu.txt", "bench.json", "bench_bwd.json", "bench_fp8.json", "bench_bwd_det.json", "ablation.json",
-         "peers_fwd.json", "peers_bwd.json", "peers_sustained_fwd.json", "fp8_accuracy.txt", "clocks.txt"])
+         "peers_fwd.json", "peers_bwd.json", "peers_sustained_fwd.json", "fp8_accuracy.txt", "clocks.txt",
+         "varlen.json"])
     assert (data / "clocks.txt").read_text().startswith("clocks under load (2 samples): SM 1755-1980 MHz")
 
 
@@ -237,7 +246,8 @@ def test_a_section_per_regime_then_flash3_bench_each_with_a_table_per_pass_and_d
                       f"## {SUSTAINED_TITLE}", "### Forward, bf16",
                       "## flash3-bench, the C++ benchmark", "### Forward, bf16", "### Forward, e4m3",
                       "### Backward, bf16",
-                      "## Backward, deterministic mode", "## Ablation (paper Table 2)", "## Accuracy",
+                      "## Backward, deterministic mode", "## Ablation (paper Table 2)", "## Packed sequences (varlen)",
+                      "## Accuracy",
                       "### FP8 (paper Table 3)"]
 
 
@@ -313,6 +323,14 @@ def test_ablation(generated):
     rows = [line for line in abl.splitlines() if line.startswith("| `")]
     assert [r.split(" | ")[0] for r in rows] == ["| `default`", "| `no-pingpong`", "| `no-intra-wg-overlap`",
                                                  "| `no-persistent`", "| `no-warp-specialization`"]
+
+
+def test_varlen(generated):
+    packed = section(generated[3], "## Packed sequences (varlen)")
+    assert "- regime: idle gap: the GPU idle 50 ms before every sample" in packed
+    assert "| equal | bwd | 128 | yes | 32 x 512 | 200.0 | 180.0 | 0.900 | — | — |" in packed
+    assert ("| mix | fwd | 128 | no | 5 documents, 16384 tokens, mean 4125 (fixed 4 x 4k) | 700.0 | 665.0 | 0.950 "
+            "| 250.0 | 7.5 |") in packed
 
 
 def test_accuracy(generated):
