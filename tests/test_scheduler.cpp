@@ -732,6 +732,10 @@ TEST(BackwardVarlen, WorkspaceBlocksOfEachSequence) {
       end = first + own;
       for (int64_t block = first; block < end; ++block) {
         EXPECT_EQ(flash3::bwd::sequence_of_block(lengths, batch, int(block), block_m), b) << "block " << block;
+        // The preprocess's walk from an earlier block's sequence finds the same.
+        int const earlier = int(std::max<int64_t>(0, block - int64_t(rng() % 4)));
+        int const from = flash3::bwd::sequence_of_block(lengths, batch, earlier, block_m);
+        EXPECT_EQ(flash3::bwd::advance_to_block(lengths, batch, from, int(block), block_m), b) << "block " << block;
       }
     }
     EXPECT_LE(end, blocks);

@@ -71,11 +71,13 @@ inline int preprocess_ctas(int items, int num_sms, bool beside) {
   return std::max(1, std::min(items, beside ? num_sms / 8 : num_sms));
 }
 
-// Packed sequences: padded row q's packed row, or -1 for padding.
+// Packed sequences: padded row q's packed row, or -1 for padding. `b` is the
+// sequence of one of the thread's earlier rows, advanced to q's
+// (bwd/sequence.h's advance_to_block).
 template <int kBlockM, class Element>
-__device__ __forceinline__ int64_t packed_source_row(PreprocessParams<Element> const& p, int q) {
+__device__ __forceinline__ int64_t packed_source_row(PreprocessParams<Element> const& p, int q, int& b) {
   int const block = q / kBlockM;
-  int const b = sequence_of_block(p.lengths, p.batch, block, kBlockM);
+  b = advance_to_block(p.lengths, p.batch, b, block, kBlockM);
   int const r = int(block - packed_first_block(p.lengths.cu_seqlens_q[b], b, kBlockM)) * kBlockM + q % kBlockM;
   return r < p.lengths.q(b) ? int64_t(p.lengths.cu_seqlens_q[b]) + r : -1;
 }
@@ -102,6 +104,8 @@ __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(Preproce
     int const first = chunk * kPreprocessItemRows + threadIdx.x / kPreprocessThreadsPerRow;
     Element const* o = p.o + batch * p.o_strides[0] + head * p.o_strides[2];
     Element const* dout = p.dout + batch * p.do_strides[0] + head * p.do_strides[2];
+    // Packed sequences: the sequence of the thread's rows so far.
+    [[maybe_unused]] int sequence = kPacked ? sequence_of_block(p.lengths, p.batch, first / kBlockM, kBlockM) : 0;
     for (int pass = 0; pass < kPasses; pass += kRowsAtOnce) {
       uint4 ov[kRowsAtOnce][kVecs], dov[kRowsAtOnce][kVecs];
       // Each row's packed row, -1 for padding (packed sequences).
@@ -109,7 +113,7 @@ __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(Preproce
       #pragma unroll
       for (int r = 0; r < kRowsAtOnce; ++r) {
         int const q = first + (pass + r) * kRowsPerPass;
-        if constexpr (kPacked) source[r] = q < p.padded_rows ? packed_source_row<kBlockM>(p, q) : -1;
+        if constexpr (kPacked) source[r] = q < p.padded_rows ? packed_source_row<kBlockM>(p, q, sequence) : -1;
         #pragma unroll
         for (int v = 0; v < kVecs; ++v) {
           int const c = (part + v * kPreprocessThreadsPerRow) * kVec;

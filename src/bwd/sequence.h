@@ -49,6 +49,14 @@ FLASH3_HOST_DEVICE int sequence_of_block(SequenceLengths const& l, int batch, in
   return lo;
 }
 
+// sequence_of_block(block) from the sequence of an earlier block: a step a
+// sequence, where the blocks between are few (a thread's rows of the
+// preprocess go up by fewer blocks than a search over the batch takes loads).
+FLASH3_HOST_DEVICE int advance_to_block(SequenceLengths const& l, int batch, int b, int block, int block_m) {
+  while (b + 1 < batch && packed_first_block(l.cu_seqlens_q[b + 1], b + 1, block_m) <= block) ++b;
+  return b;
+}
+
 // The backward preprocess's item `item` with packed sequences: its head and
 // chunk (its rows of the head, from chunk * kPreprocessItemRows). The main
 // kernel's CTAs come sequence by sequence, a sequence's head by head: the
