@@ -287,6 +287,11 @@ if has varlen; then
     --json "$OUT/varlen.json" >"$OUT/varlen.txt" 2>"$OUT/varlen.err"
   summary+=("varlen rc=$?")
   tail -32 "$OUT/varlen.txt"
+  # The FP8 forward over packed sequences, in the same regime.
+  timeout 200 "${py[@]}" -m flash3.benchmark --varlen --dtype e4m3 --pass fwd --hdim "${VARLEN_HDIM:-128}" \
+    --gap-ms 50 --json "$OUT/varlen_fp8.json" >"$OUT/varlen_fp8.txt" 2>"$OUT/varlen_fp8.err"
+  summary+=("varlen e4m3 rc=$?")
+  tail -16 "$OUT/varlen_fp8.txt"
 fi
 has sustained && peers peers_sustained --sustained
 

@@ -20,7 +20,8 @@ The data folder holds (all but gpu.txt optional):
   bench_bwd_det.json flash3-bench --pass bwd --deterministic --json
   ablation.json      flash3-bench --ablation --json
   fp8_accuracy.txt   flash3-bench --fp8-accuracy's table (paper Table 3)
-  varlen.json        python -m flash3.benchmark --varlen --json: packed sequences against the fixed-length kernel
+  varlen.json, varlen_fp8.json   python -m flash3.benchmark --varlen --json (16-bit; --dtype e4m3 --pass fwd):
+                     packed sequences against the fixed-length kernel, in one regime
   clocks.txt         scripts/clock_summary.py's line (--import makes it from clocks.csv)
   notes.md           anything said by hand about the run, shown under the header
   compare.json       runs from before peers*.json: SDPA's backends timed in a separate process beside
@@ -48,10 +49,11 @@ import tarfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT / "docs" / "perf-data"
 BENCH_FILES = ("bench.json", "bench_bwd.json", "bench_fp8.json")
+VARLEN_FILES = ("varlen.json", "varlen_fp8.json")
 PEERS_GLOB = "peers*.json"
 SEPARATE_PEERS = "compare.json"
 INPUT_FILES = ("gpu.txt",) + BENCH_FILES + ("bench_bwd_det.json", "ablation.json", SEPARATE_PEERS,
-                                            "fp8_accuracy.txt", "clocks.txt", "varlen.json")
+                                            "fp8_accuracy.txt", "clocks.txt") + VARLEN_FILES
 SHAPE_KEYS = ("pass", "dtype", "hdim", "causal", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv")
 PASS_ORDER = ("fwd", "bwd", "fwd+bwd")
 PASS_NAMES = {"fwd": "Forward", "bwd": "Backward", "fwd+bwd": "Forward + backward"}
@@ -189,7 +191,10 @@ def load(data):
     peers = sorted(data.glob(PEERS_GLOB))
     run = {"gpu": read_gpu(gpu), "bench": [], "separate_peers": js(SEPARATE_PEERS),
            "peers": [(path.name,) + sweep.read_json(path) for path in peers],
-           "det": js("bench_bwd_det.json") or [], "ablation": js("ablation.json"), "varlen": js("varlen.json")}
+           "det": js("bench_bwd_det.json") or [], "ablation": js("ablation.json")}
+    # The packed sequences' files, one table: the first one's regime and timer, every file's rows.
+    varlen = [js(name) for name in VARLEN_FILES if js(name)]
+    run["varlen"] = dict(varlen[0], rows=[r for v in varlen for r in v["rows"]]) if varlen else None
     for name in BENCH_FILES:
         run["bench"] += js(name) or []
     accuracy = text("fp8_accuracy.txt")
@@ -545,10 +550,11 @@ def varlen_section(run):
         else:
             shape = (f"{r['documents']} documents, {r['tokens']} tokens, mean {r['mean_length']:.0f} "
                      f"(fixed {r['fixed_batch']} x {seqlen_label(r['fixed_seqlen'])})")
-        body.append([r["workload"], r["pass"], r["hdim"], "yes" if r["causal"] else "no", shape,
-                     fmt(r.get("fixed")), fmt(r.get("varlen")), fmt(r.get("ratio"), ".3f"),
-                     fmt(r.get("sdpa_padded_cudnn")), fmt(r.get("sdpa_jagged"))])
-    header = ["workload", "pass", "hdim", "causal", "shape", "fixed", "varlen", "varlen / fixed",
+        # A peer that did not run holds its reason instead of a number.
+        peers = [fmt(x) if not isinstance(x, str) else "n/a" for x in (r.get("sdpa_padded_cudnn"), r.get("sdpa_jagged"))]
+        body.append([r["workload"], r["pass"], r.get("dtype", "bf16"), r["hdim"], "yes" if r["causal"] else "no",
+                     shape, fmt(r.get("fixed")), fmt(r.get("varlen")), fmt(r.get("ratio"), ".3f")] + peers)
+    header = ["workload", "pass", "dtype", "hdim", "causal", "shape", "fixed", "varlen", "varlen / fixed",
               "SDPA cuDNN, padded", "SDPA, jagged"]
     return out + [md_table(header, body), ""]
 

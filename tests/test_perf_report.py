@@ -165,6 +165,13 @@ def write_run(folder, fp8=True, peers=True):
             {"workload": "mix", "pass": "fwd", "hdim": 128, "causal": False, "documents": 5, "tokens": 16384,
              "mean_length": 4124.6, "fixed_seqlen": 4096, "fixed_batch": 4, "heads": 16, "fixed": 700.0,
              "varlen": 665.0, "ratio": 0.95, "sdpa_padded_cudnn": 250.0, "sdpa_jagged": 7.5}]}))
+    (folder / "varlen_fp8.json").write_text(json.dumps({
+        "tool": "python -m flash3.benchmark --varlen", "regime": {"name": "gap", "gap_ms": 50.0, "scope": "sample"},
+        "timer": "CUDA events", "rows": [
+            {"workload": "mix", "pass": "fwd", "dtype": "e4m3", "hdim": 128, "causal": True, "documents": 5,
+             "tokens": 16384, "mean_length": 4124.6, "fixed_seqlen": 4096, "fixed_batch": 4, "heads": 16,
+             "fixed": 900.0, "varlen": 855.0, "ratio": 0.95, "sdpa_padded_cudnn": "SDPA has no FP8 attention",
+             "sdpa_jagged": "SDPA has no FP8 attention"}]}))
     (folder / "clocks.csv").write_text("".join(
         f"2026/12/01 10:00:0{i}.000, {mhz} MHz, {watts} W, 55, 0x0000000000000004\n"
         for i, (mhz, watts) in enumerate(((1980, 80.0), (1755, 650.0), (1980, 400.0)))))
@@ -211,7 +218,7 @@ def test_import_keeps_the_inputs_only_and_summarises_the_clocks(generated):
     assert sorted(p.name for p in data.iterdir()) == sorted(
         ["gpu.txt", "bench.json", "bench_bwd.json", "bench_fp8.json", "bench_bwd_det.json", "ablation.json",
          "peers_fwd.json", "peers_bwd.json", "peers_sustained_fwd.json", "fp8_accuracy.txt", "clocks.txt",
-         "varlen.json"])
+         "varlen.json", "varlen_fp8.json"])
     assert (data / "clocks.txt").read_text().startswith("clocks under load (2 samples): SM 1755-1980 MHz")
 
 
@@ -328,9 +335,11 @@ def test_ablation(generated):
 def test_varlen(generated):
     packed = section(generated[3], "## Packed sequences (varlen)")
     assert "- regime: idle gap: the GPU idle 50 ms before every sample" in packed
-    assert "| equal | bwd | 128 | yes | 32 x 512 | 200.0 | 180.0 | 0.900 | — | — |" in packed
-    assert ("| mix | fwd | 128 | no | 5 documents, 16384 tokens, mean 4125 (fixed 4 x 4k) | 700.0 | 665.0 | 0.950 "
-            "| 250.0 | 7.5 |") in packed
+    assert "| equal | bwd | bf16 | 128 | yes | 32 x 512 | 200.0 | 180.0 | 0.900 | — | — |" in packed
+    assert ("| mix | fwd | bf16 | 128 | no | 5 documents, 16384 tokens, mean 4125 (fixed 4 x 4k) | 700.0 | 665.0 "
+            "| 0.950 | 250.0 | 7.5 |") in packed
+    assert ("| mix | fwd | e4m3 | 128 | yes | 5 documents, 16384 tokens, mean 4125 (fixed 4 x 4k) | 900.0 | 855.0 "
+            "| 0.950 | n/a | n/a |") in packed
 
 
 def test_accuracy(generated):

@@ -45,7 +45,8 @@ def parse_args(argv):
     p.add_argument("--seqlen", type=int_list, default=[512, 1024, 2048, 4096, 8192, 16384],
                    help="sequence lengths (default 512 ... 16384)")
     p.add_argument("--causal", choices=("0", "1", "both"), default="both")
-    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "e4m3"), default="bf16",
+                   help="e4m3: with --varlen --pass fwd (the FP8 sweep is flash3-bench --dtype e4m3's)")
     p.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen (the paper's 16k)")
     p.add_argument("--hidden", type=int, default=2048, help="heads = hidden / hdim (the paper's 2048)")
     p.add_argument("--methods", type=lambda s: s.split(","), default=list(sweep.METHODS),
@@ -68,6 +69,9 @@ def parse_args(argv):
     p.add_argument("--from-json", nargs="+", metavar="FILE",
                    help="no measuring: print (and write) the results of saved runs of one regime")
     args = p.parse_args(argv)
+    if args.dtype == "e4m3" and not (args.varlen and args.passes == "fwd"):
+        p.error("--dtype e4m3: with --varlen --pass fwd only (the FP8 path is forward only; its sweep beside "
+                "the 16-bit kernels is flash3-bench --dtype e4m3's)")
     unknown = [m for m in args.methods if m not in sweep.METHODS]
     if unknown:
         p.error(f"--methods: unknown {','.join(unknown)}; known: {','.join(sweep.METHODS)}")

@@ -291,3 +291,20 @@ def test_packed_flops_are_the_documents_own():
     assert mean == (1000 ** 2 + 3000 ** 2) / 4000
     assert packing.packed_flops("bwd", 64, True, 8, lengths) == pytest.approx(
         sweep.attention_flops("bwd", 64, True, 1, 1, 8) * mean * sum(lengths), rel=1e-12)
+
+
+@pytest.mark.parametrize("args", [["--dtype", "e4m3"], ["--dtype", "e4m3", "--varlen"],
+                                  ["--dtype", "e4m3", "--varlen", "--pass", "bwd"]])
+def test_cli_takes_e4m3_for_the_packed_forward_only(args):
+    out = run_cli(*args)
+    assert out.returncode == 2 and "--dtype e4m3: with --varlen --pass fwd only" in out.stderr
+
+
+def test_varlen_table_names_the_dtype_and_peers_without_a_kernel():
+    varlen = load_in_package("varlen")
+    rows = [{"workload": "mix", "pass": "fwd", "dtype": "e4m3", "hdim": 128, "causal": True, "documents": 5,
+             "tokens": 16384, "mean_length": 4124.6, "fixed_seqlen": 4096, "fixed_batch": 4, "heads": 16,
+             "fixed": 900.0, "varlen": 855.0, "ratio": 0.95, "sdpa_padded_cudnn": "SDPA has no FP8 attention",
+             "sdpa_jagged": "SDPA has no FP8 attention"}]
+    assert ("| mix | fwd | e4m3 | 128 | yes | 5 documents, mean 4125 (fixed 4 x 4096) | 900.0 | 855.0 | 0.950 "
+            "| n/a | n/a |") in varlen.format_table(rows)

@@ -8,7 +8,10 @@ timed alike in one process.
           [MIX_LOW, MIX_HIGH]: TFLOP/s of their real FLOPs, against
           flash_attn_func at the token-weighted mean length (the same FLOPs);
           and the same documents through SDPA: cuDNN on the batch padded to
-          the longest, and SDPA on a jagged nested tensor
+          the longest, and SDPA on a jagged nested tensor (not in e4m3: SDPA
+          has no FP8 attention)
+
+e4m3 (the forward only) quantizes the inputs with one scale per tensor.
 """
 import statistics
 
@@ -19,8 +22,8 @@ MIX_LOW, MIX_HIGH, MIX_SEED = 128, 8192, 34
 
 def _inputs(torch, tokens, heads, hdim, dtype, grad, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn(tokens, heads, hdim, generator=gen, device="cuda", dtype=dtype).requires_grad_(grad)
-               for _ in range(3))
+    q, k, v = (torch.randn(tokens, heads, hdim, generator=gen, device="cuda", dtype=torch.bfloat16).to(dtype)
+               .requires_grad_(grad) for _ in range(3))
     dout = torch.randn(tokens, heads, hdim, generator=gen, device="cuda", dtype=dtype) if grad else None
     return q, k, v, dout
 
@@ -72,19 +75,23 @@ def _cudnn_packed(torch, lengths, causal):
 def run(torch, timer, args, out):
     """Prints the two tables; returns the rows (dicts) for the JSON."""
     import flash3
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.float8_e4m3fn}[args.dtype]
     passes = ("fwd", "bwd") if args.passes in ("all", "fwd+bwd") else (args.passes,)
     causal_list = {"0": (False,), "1": (True,), "both": (False, True)}[args.causal]
     rows = []
+    # FP8: one descale per tensor, the same for both calls.
+    one = torch.ones(1, device="cuda")
+    scales = dict(q_descale=one, k_descale=one, v_descale=one) if args.dtype == "e4m3" else {}
 
     def varlen_call(lengths, causal):
         cu = torch.tensor(packing.cu_seqlens(lengths), dtype=torch.int32, device="cuda")
         longest = max(lengths)
-        return lambda q, k, v: flash3.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
+        return lambda q, k, v: flash3.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal,
+                                                             **scales)
 
     def fixed_call(batch, seqlen, causal):
         return lambda q, k, v: flash3.flash_attn_func(*(t.view(batch, seqlen, *t.shape[1:]) for t in (q, k, v)),
-                                                      causal=causal).flatten(0, 1)
+                                                      causal=causal, **scales).flatten(0, 1)
 
     for hdim in args.hdim:
         heads = max(1, args.hidden // hdim)
@@ -99,7 +106,8 @@ def run(torch, timer, args, out):
                                        flops)
                     packed, _ = _tflops(timer, _workload(torch, varlen_call([seqlen] * batch, causal), pass_, q, k, v,
                                                          dout), flops)
-                    rows.append({"workload": "equal", "pass": pass_, "hdim": hdim, "causal": causal, "seqlen": seqlen,
+                    rows.append({"workload": "equal", "pass": pass_, "dtype": args.dtype, "hdim": hdim,
+                                 "causal": causal, "seqlen": seqlen,
                                  "batch": batch, "heads": heads, "fixed": fixed, "varlen": packed,
                                  "ratio": packed / fixed})
                     print(f"equal {pass_} hdim {hdim} causal {int(causal)} {batch} x {seqlen}: fixed {fixed:.1f}, "
@@ -117,13 +125,14 @@ def run(torch, timer, args, out):
                 # SDPA on the same batch both ways: which backend runs a nested
                 # tensor under the cuDNN-only context is PyTorch's choice, the
                 # padded one is cuDNN's kernel for certain.
-                peers = {}
-                for name, call in zip(("jagged", "padded"), _cudnn_packed(torch, lengths, causal)):
+                peers = dict.fromkeys(("jagged", "padded"), "SDPA has no FP8 attention")
+                for name, call in zip(("jagged", "padded"), _cudnn_packed(torch, lengths, causal) if not scales else ()):
                     try:
                         peers[name], _ = _tflops(timer, _workload(torch, call, pass_, q, k, v, dout), flops)
                     except Exception as e:  # no kernel for this layout
                         peers[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-                rows.append({"workload": "mix", "pass": pass_, "hdim": hdim, "causal": causal, "documents": len(lengths),
+                rows.append({"workload": "mix", "pass": pass_, "dtype": args.dtype, "hdim": hdim, "causal": causal,
+                             "documents": len(lengths),
                              "tokens": sum(lengths), "mean_length": mean, "fixed_seqlen": seqlen, "fixed_batch": batch,
                              "heads": heads, "fixed": fixed, "varlen": packed, "ratio": packed / fixed,
                              "sdpa_padded_cudnn": peers["padded"], "sdpa_jagged": peers["jagged"]})
@@ -145,8 +154,8 @@ def format_table(rows):
     """Markdown: the equal-length rows, then the mixes (SDPA on the same
     documents: cuDNN on the batch padded to its longest, its TFLOP/s of the
     real FLOPs; and on the jagged nested tensor)."""
-    lines = ["| workload | pass | hdim | causal | shape | fixed TFLOP/s | varlen TFLOP/s | varlen/fixed "
-             "| SDPA cuDNN padded | SDPA jagged |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | pass | dtype | hdim | causal | shape | fixed TFLOP/s | varlen TFLOP/s | varlen/fixed "
+             "| SDPA cuDNN padded | SDPA jagged |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["workload"] == "equal":
             shape, peers = f"{r['batch']} x {r['seqlen']}", " | "
@@ -154,6 +163,7 @@ def format_table(rows):
             shape = (f"{r['documents']} documents, mean {r['mean_length']:.0f} "
                      f"(fixed {r['fixed_batch']} x {r['fixed_seqlen']})")
             peers = f"{_num(r['sdpa_padded_cudnn'])} | {_num(r['sdpa_jagged'])}"
-        lines.append(f"| {r['workload']} | {r['pass']} | {r['hdim']} | {'yes' if r['causal'] else 'no'} | {shape} | "
+        lines.append(f"| {r['workload']} | {r['pass']} | {r.get('dtype', 'bf16')} | {r['hdim']} | "
+                     f"{'yes' if r['causal'] else 'no'} | {shape} | "
                      f"{r['fixed']:.1f} | {r['varlen']:.1f} | {r['ratio']:.3f} | {peers} |")
     return "\n".join(lines)
