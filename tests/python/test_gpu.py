@@ -7,6 +7,7 @@ that of a straightforward implementation in the same precision, plus a small
 epsilon; the LSE within 1e-3 relative. FP8 is compared with the attention of
 its dequantized inputs.
 """
+import collections
 import math
 import random
 
@@ -316,18 +317,32 @@ def varlen_lengths(rng, batch):
     return [rng.choice([0, 1, 5, 63, 64, 65, 129, rng.randint(1, 700), rng.randint(1, 700)]) for _ in range(batch)]
 
 
-def run_varlen_case(dtype, causal, head_dim, rng, seqused=False, sinks=False, window=(-1, -1), softcap=0.0):
+PackedBatch = collections.namedtuple(
+    "PackedBatch", "batch heads_q heads_kv lens_q lens_k used_q used_k cu_q cu_k total_q total_k")
+
+
+def random_packed_batch(rng, seqused):
+    """A random packed batch's layout: 1-5 sequences of varlen_lengths (the
+    keys' lengths the queries' or drawn apart), GQA or not, the rows that take
+    part (all, or random seqused), and rows past the last sequence (total_q
+    and total_k need not be the sums)."""
     batch = rng.randint(1, 6)
     heads_kv = rng.choice([1, 2])
-    hq, d = heads_kv * rng.choice([1, 3]), head_dim
+    heads_q = heads_kv * rng.choice([1, 3])
     lens_q = varlen_lengths(rng, batch)
     lens_k = lens_q if rng.random() < 0.4 else varlen_lengths(rng, batch)
     used_q = [rng.randint(0, n) for n in lens_q] if seqused else lens_q
     used_k = [rng.randint(0, n) for n in lens_k] if seqused else lens_k
     cu_q = [0] + [sum(lens_q[:i + 1]) for i in range(batch)]
     cu_k = [0] + [sum(lens_k[:i + 1]) for i in range(batch)]
-    # Rows past the last sequence: total_q and total_k need not be the sums.
     total_q, total_k = cu_q[-1] + rng.choice([0, 3]), cu_k[-1] + rng.choice([0, 5])
+    return PackedBatch(batch, heads_q, heads_kv, lens_q, lens_k, used_q, used_k, cu_q, cu_k, total_q, total_k)
+
+
+def run_varlen_case(dtype, causal, head_dim, rng, seqused=False, sinks=False, window=(-1, -1), softcap=0.0):
+    batch, hq, heads_kv, lens_q, lens_k, used_q, used_k, cu_q, cu_k, total_q, total_k = random_packed_batch(
+        rng, seqused)
+    d = head_dim
     q = torch.randn(total_q, hq, d, device="cuda", dtype=dtype, requires_grad=True)
     k = torch.randn(total_k, heads_kv, d, device="cuda", dtype=dtype, requires_grad=True)
     v = torch.randn(total_k, heads_kv, d, device="cuda", dtype=dtype, requires_grad=True)
@@ -564,16 +579,8 @@ def test_varlen_fp8_against_dequantized_reference(gpu, granularity, head_dim, ca
     i32 = dict(dtype=torch.int32, device=gpu)
     for window, seqused in (((-1, -1), False), ((-1, -1), True),
                             ((rng.randint(0, 100), rng.choice([-1, 0, 20])), rng.random() < 0.5)):
-        batch = rng.randint(1, 6)
-        heads_kv = rng.choice([1, 2])
-        hq = heads_kv * rng.choice([1, 3])
-        lens_q = varlen_lengths(rng, batch)
-        lens_k = lens_q if rng.random() < 0.4 else varlen_lengths(rng, batch)
-        used_q = [rng.randint(0, n) for n in lens_q] if seqused else lens_q
-        used_k = [rng.randint(0, n) for n in lens_k] if seqused else lens_k
-        cu_q = [0] + [sum(lens_q[:i + 1]) for i in range(batch)]
-        cu_k = [0] + [sum(lens_k[:i + 1]) for i in range(batch)]
-        total_q, total_k = cu_q[-1] + rng.choice([0, 3]), cu_k[-1] + rng.choice([0, 5])
+        batch, hq, heads_kv, lens_q, lens_k, used_q, used_k, cu_q, cu_k, total_q, total_k = random_packed_batch(
+            rng, seqused)
         q8, k8, v8 = (torch.randn(n, h, head_dim, device=gpu).to(E4M3)
                       for n, h in ((total_q, hq), (total_k, heads_kv), (total_k, heads_kv)))
         fa3_q = granularity == "head" and rng.random() < 0.5 and hq != heads_kv
