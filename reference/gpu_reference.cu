@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <climits>
 
 #include "common/scale_view.h"
@@ -77,8 +78,9 @@ struct Params {
   float* lse;
   const float* sinks;  // [heads_q] or nullptr
   int64_t seqlen_q, seqlen_k, heads_q, group, num_m_blocks;
-  int head_dim;
-  int kv_ld;  // row pitch of the K/V tile in shared memory
+  int head_dim;    // Q's and K's
+  int head_dim_v;  // V's and O's
+  int kv_ld;       // row pitch of the K/V tile in shared memory
   float scale;
   int64_t window_left, window_right;  // -1: unbounded; the causal mask is right 0
   float softcap;                      // 0: off
@@ -104,16 +106,16 @@ __device__ float warp_sum(float x) {
   return x;
 }
 
-// Copies keys (or values) [n0, n0 + kBlockN) into tile[kBlockN][kv_ld] as
-// float; keys past seqlen_k become 0 so that no stale value (NaN included)
-// meets a zero probability.
+// Copies keys (or values) [n0, n0 + kBlockN), `cols` columns each, into
+// tile[kBlockN][kv_ld] as float; keys past seqlen_k become 0 so that no stale
+// value (NaN included) meets a zero probability.
 template <class T>
-__device__ void load_tile(float* tile, const T* src, int64_t seq_stride, int64_t n0, const flash3::ScaleView& scale,
-                          int64_t b, int64_t h_kv, const Params& p) {
+__device__ void load_tile(float* tile, const T* src, int64_t seq_stride, int cols, int64_t n0,
+                          const flash3::ScaleView& scale, int64_t b, int64_t h_kv, const Params& p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = warp; r < kBlockN; r += kWarps) {
     const int64_t j = n0 + r;
-    for (int c = lane; c < p.head_dim; c += 32)
+    for (int c = lane; c < cols; c += 32)
       tile[r * p.kv_ld + c] =
           j < p.seqlen_k ? Precision<T>::to_float(src[j * seq_stride + c]) * descale(scale, b, h_kv, j, p.kv_block)
                          : 0.0f;
@@ -154,10 +156,10 @@ __device__ void scores(float (&s)[kRowsPerWarp], const float* q_t, const float* 
 template <class T>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   extern __shared__ float4 smem4[];  // float4 for its 16-byte alignment
-  const int d = p.head_dim;
+  const int d = p.head_dim, dv = p.head_dim_v;
   float* q_t = reinterpret_cast<float*>(smem4);  // [d][kBlockM]: Q transposed, so a warp's 4 rows are one float4
-  float* o_acc = q_t + d * kBlockM;              // [kBlockM][d]
-  float* kv = o_acc + kBlockM * d;               // [kBlockN][kv_ld]: the K tile, then the V tile
+  float* o_acc = q_t + d * kBlockM;              // [kBlockM][dv]
+  float* kv = o_acc + kBlockM * dv;              // [kBlockN][kv_ld]: the K tile, then the V tile
   float* p_t = kv + kBlockN * p.kv_ld;           // [kBlockN][kBlockM]: P transposed
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -176,8 +178,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
       q_t[c * kBlockM + r] =
           i < p.seqlen_q ? Precision<T>::to_float(q[i * p.q_seq_stride + c]) * descale(p.q_scale, b, h, i, p.q_block)
                          : 0.0f;
-      o_acc[r * d + c] = 0.0f;
     }
+    for (int c = lane; c < dv; c += 32) o_acc[r * dv + c] = 0.0f;
   }
 
   // The window's right edge for the block's last row bounds the keys any row sees.
@@ -197,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   float s[kRowsPerWarp];
   for (int64_t n0 = 0; n0 < n_end; n0 += kBlockN) {
     __syncthreads();  // Q is stored; the last tile's readers are done
-    load_tile(kv, k, p.k_seq_stride, n0, p.k_scale, b, h_kv, p);
+    load_tile(kv, k, p.k_seq_stride, d, n0, p.k_scale, b, h_kv, p);
     __syncthreads();
     scores<T>(s, q_t, kv, row0, n0, p);
     for (int i = 0; i < kRowsPerWarp; ++i) {
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   // Pass 2: P = exp(S - max) / sum, then O += P V.
   for (int64_t n0 = 0; n0 < n_end; n0 += kBlockN) {
     __syncthreads();
-    load_tile(kv, k, p.k_seq_stride, n0, p.k_scale, b, h_kv, p);
+    load_tile(kv, k, p.k_seq_stride, d, n0, p.k_scale, b, h_kv, p);
     __syncthreads();
     scores<T>(s, q_t, kv, row0, n0, p);
     float prob[kRowsPerWarp];
@@ -243,14 +245,14 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
     }
     __syncthreads();  // every thread is done with the K tile
     reinterpret_cast<float4*>(p_t)[lane * (kBlockM / 4) + warp] = make_float4(prob[0], prob[1], prob[2], prob[3]);
-    load_tile(kv, v, p.v_seq_stride, n0, p.v_scale, b, h_kv, p);
+    load_tile(kv, v, p.v_seq_stride, dv, n0, p.v_scale, b, h_kv, p);
     __syncthreads();
     // Work item: column c of O for rows r0..r0+7; neighbouring threads take
     // neighbouring columns, so V reads are conflict-free and P reads broadcast.
-    for (int item = threadIdx.x; item < (kBlockM / kPvRows) * d; item += kThreads) {
-      const int c = item % d, r0 = item / d * kPvRows;
+    for (int item = threadIdx.x; item < (kBlockM / kPvRows) * dv; item += kThreads) {
+      const int c = item % dv, r0 = item / dv * kPvRows;
       float acc[kPvRows];
-      for (int r = 0; r < kPvRows; ++r) acc[r] = o_acc[(r0 + r) * d + c];
+      for (int r = 0; r < kPvRows; ++r) acc[r] = o_acc[(r0 + r) * dv + c];
       const float4* p4 = reinterpret_cast<const float4*>(p_t) + r0 / 4;
 #pragma unroll 4
       for (int j = 0; j < kBlockN; ++j) {
@@ -265,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
         acc[6] += pb.z * vj;
         acc[7] += pb.w * vj;
       }
-      for (int r = 0; r < kPvRows; ++r) o_acc[(r0 + r) * d + c] = acc[r];
+      for (int r = 0; r < kPvRows; ++r) o_acc[(r0 + r) * dv + c] = acc[r];
     }
   }
   __syncthreads();
@@ -273,9 +275,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Params p) {
   for (int r = warp; r < kBlockM; r += kWarps) {
     const int64_t i = row0 + r;
     if (i >= p.seqlen_q) break;
-    float* o_row = p.o + ((b * p.seqlen_q + i) * p.heads_q + h) * d;
-    for (int c = lane; c < d; c += 32) {
-      const float x = o_acc[r * d + c];
+    float* o_row = p.o + ((b * p.seqlen_q + i) * p.heads_q + h) * dv;
+    for (int c = lane; c < dv; c += 32) {
+      const float x = o_acc[r * dv + c];
       o_row[c] = p.emulate ? (p.out_bf16 ? round_bf16(x) : round_half(x)) : x;
     }
   }
@@ -304,16 +306,17 @@ namespace {
 cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstTensor q, flash3::ConstTensor k,
                 flash3::ConstTensor v, const flash3::Fp8Scales* fp8, float* o, float* lse,
                 bool emulate_low_precision, bool standard_fp8, cudaStream_t stream, const float* sinks) {
-  if (!is_valid(shape) || !gpu_computes(shape)) return cudaErrorInvalidValue;
+  if (!is_valid(shape)) return cudaErrorInvalidValue;
   if (q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1) return cudaErrorInvalidValue;
   if (shape.batch == 0 || shape.seqlen_q == 0) return cudaSuccess;
   if (!q.data || !o || (shape.seqlen_k > 0 && (!k.data || !v.data))) return cudaErrorInvalidValue;
 
   // Far past what shared memory holds; bounds the size arithmetic below.
-  if (shape.head_dim > 65536) return cudaErrorInvalidValue;
-  const int64_t d = shape.head_dim;
-  const int64_t kv_ld = d | 1;  // an odd pitch: lanes reading one column each of 32 K rows hit 32 banks
-  const int64_t smem_floats = 2 * kBlockM * d + kBlockN * kv_ld + kBlockN * kBlockM;
+  const int64_t d = shape.head_dim, dv = value_head_dim(shape);
+  if (d > 65536 || dv > 65536) return cudaErrorInvalidValue;
+  // An odd pitch, for K's rows and V's: lanes reading one column each of 32 rows hit 32 banks.
+  const int64_t kv_ld = std::max(d, dv) | 1;
+  const int64_t smem_floats = kBlockM * (d + dv) + kBlockN * kv_ld + kBlockN * kBlockM;
   const int64_t num_m_blocks = (shape.seqlen_q + kBlockM - 1) / kBlockM;
   if (num_m_blocks > INT_MAX / shape.heads_q / shape.batch) return cudaErrorInvalidValue;  // gridDim.x limit
   const int64_t grid = num_m_blocks * shape.heads_q * shape.batch;
@@ -340,6 +343,7 @@ cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstT
   p.group = shape.heads_q / shape.heads_kv;
   p.num_m_blocks = num_m_blocks;
   p.head_dim = int(d);
+  p.head_dim_v = int(dv);
   p.kv_ld = int(kv_ld);
   p.scale = float(effective_scale(shape));
   p.window_left = shape.window_left;

@@ -44,12 +44,13 @@ struct View {
 
 struct Params {
   View q, k, v, dout, o;  // o.data: null unless D comes from it
-  float *dq, *dk, *dv;  // dense [batch, seqlen, heads, d]
+  float *dq, *dk, *dv;  // dense [batch, seqlen, heads, d] (dv: V's head dim)
   float *lse, *dpsum;   // scratch [batch, heads_q, seqlen_q]
   const float* sinks;   // [heads_q] or nullptr
   float* dsinks;        // [heads_q], cleared, or nullptr
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
-  int head_dim;
+  int head_dim;    // Q's and K's
+  int head_dim_v;  // V's, O's and dO's
   float scale;
   int64_t window_left, window_right;  // -1: unbounded; the causal mask is right 0
   float softcap;                      // 0: off
@@ -105,19 +106,17 @@ __device__ float score(const Params& p, const float* q_row, const T* k_row) {
 template <class T>
 __global__ void __launch_bounds__(kThreads) query_rows(const Params p) {
   extern __shared__ float smem[];
-  const int d = p.head_dim;
+  const int d = p.head_dim, dv = p.head_dim_v;
   float* q_row = smem;          // [d]
-  float* do_row = q_row + d;    // [d]
-  float* ds = do_row + d;       // [kThreads]
+  float* do_row = q_row + d;    // [dv]
+  float* ds = do_row + dv;      // [kThreads]
   float* scratch = ds + kThreads;
   const int64_t i = blockIdx.x % p.seqlen_q;
   const int64_t h = blockIdx.x / p.seqlen_q % p.heads_q;
   const int64_t b = blockIdx.x / p.seqlen_q / p.heads_q;
   const int64_t hk = h / p.group;
-  for (int c = threadIdx.x; c < d; c += kThreads) {
-    q_row[c] = Precision<T>::to_float(row_ptr<T>(p.q, b, i, h)[c]);
-    do_row[c] = Precision<T>::to_float(row_ptr<T>(p.dout, b, i, h)[c]);
-  }
+  for (int c = threadIdx.x; c < d; c += kThreads) q_row[c] = Precision<T>::to_float(row_ptr<T>(p.q, b, i, h)[c]);
+  for (int c = threadIdx.x; c < dv; c += kThreads) do_row[c] = Precision<T>::to_float(row_ptr<T>(p.dout, b, i, h)[c]);
   __syncthreads();
 
   float m = -INFINITY;
@@ -145,13 +144,13 @@ __global__ void __launch_bounds__(kThreads) query_rows(const Params p) {
   };
   auto slope = [&](int64_t j) { return cap_slope(p, score(p, q_row, row_ptr<T>(p.k, b, j, hk))); };
   auto dprob = [&](int64_t j) {
-    const float dp = dot(do_row, row_ptr<T>(p.v, b, j, hk), d);
+    const float dp = dot(do_row, row_ptr<T>(p.v, b, j, hk), dv);
     return p.emulate ? Precision<T>::round(dp) : dp;
   };
   float dsum = 0.f;
   if (p.o.data != nullptr) {
     const T* o_row = row_ptr<T>(p.o, b, i, h);
-    for (int c = threadIdx.x; c < d; c += kThreads) dsum += do_row[c] * Precision<T>::to_float(o_row[c]);
+    for (int c = threadIdx.x; c < dv; c += kThreads) dsum += do_row[c] * Precision<T>::to_float(o_row[c]);
   } else {
     for (int64_t j = threadIdx.x; j < p.seqlen_k; j += kThreads) {
       const float pr = prob(j);
@@ -198,19 +197,18 @@ __global__ void __launch_bounds__(kThreads) query_rows(const Params p) {
 template <class T>
 __global__ void __launch_bounds__(kThreads) key_rows(const Params p) {
   extern __shared__ float smem[];
-  const int d = p.head_dim;
+  const int d = p.head_dim, dv = p.head_dim_v;
   float* k_row = smem;        // [d]
-  float* v_row = k_row + d;   // [d]
-  float* pr = v_row + d;      // [kThreads]
+  float* v_row = k_row + d;   // [dv]
+  float* pr = v_row + dv;     // [kThreads]
   float* ds = pr + kThreads;  // [kThreads]
   const int64_t j = blockIdx.x % p.seqlen_k;
   const int64_t hk = blockIdx.x / p.seqlen_k % p.heads_kv;
   const int64_t b = blockIdx.x / p.seqlen_k / p.heads_kv;
-  for (int c = threadIdx.x; c < d; c += kThreads) {
-    k_row[c] = Precision<T>::to_float(row_ptr<T>(p.k, b, j, hk)[c]);
-    v_row[c] = Precision<T>::to_float(row_ptr<T>(p.v, b, j, hk)[c]);
-  }
-  float dk[4] = {0.f, 0.f, 0.f, 0.f}, dv[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int c = threadIdx.x; c < d; c += kThreads) k_row[c] = Precision<T>::to_float(row_ptr<T>(p.k, b, j, hk)[c]);
+  for (int c = threadIdx.x; c < dv; c += kThreads) v_row[c] = Precision<T>::to_float(row_ptr<T>(p.v, b, j, hk)[c]);
+  // Columns threadIdx.x + 128 * r of dK and dV, d and dv <= 512.
+  float dk_acc[4] = {0.f, 0.f, 0.f, 0.f}, dv_acc[4] = {0.f, 0.f, 0.f, 0.f};
   for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
     for (int64_t i0 = 0; i0 < p.seqlen_q; i0 += kThreads) {
       const int64_t i = i0 + threadIdx.x;
@@ -222,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) key_rows(const Params p) {
         if (p.emulate) s = Precision<T>::round(s);
         pi = expf(s - lse);
         if (p.emulate) pi = Precision<T>::round(pi);
-        float dp = dot(v_row, row_ptr<T>(p.dout, b, i, h), d);
+        float dp = dot(v_row, row_ptr<T>(p.dout, b, i, h), dv);
         if (p.emulate) dp = Precision<T>::round(dp);
         g = pi * (dp - p.dpsum[(b * p.heads_q + h) * p.seqlen_q + i]) * cap_slope(p, s);
         if (p.emulate) g = Precision<T>::round(g);
@@ -233,28 +231,26 @@ __global__ void __launch_bounds__(kThreads) key_rows(const Params p) {
       const int64_t n = p.seqlen_q - i0 < kThreads ? p.seqlen_q - i0 : kThreads;
       for (int r = 0; r < 4; ++r) {
         const int c = threadIdx.x + kThreads * r;
-        if (c >= d) break;
         for (int64_t ii = 0; ii < n; ++ii) {
           if (pr[ii] == 0.f) continue;
-          dv[r] += pr[ii] * Precision<T>::to_float(row_ptr<T>(p.dout, b, i0 + ii, h)[c]);
-          dk[r] += ds[ii] * Precision<T>::to_float(row_ptr<T>(p.q, b, i0 + ii, h)[c]);
+          if (c < dv) dv_acc[r] += pr[ii] * Precision<T>::to_float(row_ptr<T>(p.dout, b, i0 + ii, h)[c]);
+          if (c < d) dk_acc[r] += ds[ii] * Precision<T>::to_float(row_ptr<T>(p.q, b, i0 + ii, h)[c]);
         }
       }
     }
   }
   float* dk_out = p.dk + ((b * p.seqlen_k + j) * p.heads_kv + hk) * d;
-  float* dv_out = p.dv + ((b * p.seqlen_k + j) * p.heads_kv + hk) * d;
+  float* dv_out = p.dv + ((b * p.seqlen_k + j) * p.heads_kv + hk) * dv;
   for (int r = 0; r < 4; ++r) {
     const int c = threadIdx.x + kThreads * r;
-    if (c >= d) break;
-    dk_out[c] = p.emulate ? Precision<T>::round(dk[r] * p.scale) : dk[r] * p.scale;
-    dv_out[c] = p.emulate ? Precision<T>::round(dv[r]) : dv[r];
+    if (c < d) dk_out[c] = p.emulate ? Precision<T>::round(dk_acc[r] * p.scale) : dk_acc[r] * p.scale;
+    if (c < dv) dv_out[c] = p.emulate ? Precision<T>::round(dv_acc[r]) : dv_acc[r];
   }
 }
 
 template <class T>
 cudaError_t launch(const Params& p, cudaStream_t stream) {
-  const size_t smem = (2 * p.head_dim + 2 * kThreads + 8) * sizeof(float);
+  const size_t smem = (p.head_dim + p.head_dim_v + 2 * kThreads + 8) * sizeof(float);
   if (p.seqlen_q > 0) {
     query_rows<T><<<unsigned(p.batch * p.heads_q * p.seqlen_q), kThreads, smem, stream>>>(p);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
@@ -272,7 +268,7 @@ cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dt
                                    float* dq, float* dk, float* dv, bool emulate_low_precision,
                                    cudaStream_t stream, const flash3::ConstTensor* o, const float* sinks,
                                    float* dsinks) {
-  if (!is_valid(shape) || !gpu_computes(shape) || shape.head_dim > 512) return cudaErrorInvalidValue;
+  if (!is_valid(shape) || shape.head_dim > 512 || value_head_dim(shape) > 512) return cudaErrorInvalidValue;
   if (dsinks != nullptr && sinks == nullptr) return cudaErrorInvalidValue;
   if (q.dim_stride != 1 || k.dim_stride != 1 || v.dim_stride != 1 || dout.dim_stride != 1 ||
       (o != nullptr && (o->data == nullptr || o->dim_stride != 1))) {
@@ -303,6 +299,7 @@ cudaError_t attention_backward_gpu(const AttentionShape& shape, flash3::DType dt
   p.heads_kv = shape.heads_kv;
   p.group = shape.heads_q / shape.heads_kv;
   p.head_dim = int(shape.head_dim);
+  p.head_dim_v = int(value_head_dim(shape));
   p.scale = float(effective_scale(shape));
   p.window_left = shape.window_left;
   p.window_right = window_right_of(shape);

@@ -9,9 +9,9 @@
 // with FlashAttention's conventions: the causal mask is aligned to the
 // bottom-right corner (query i sees key j iff j <= i + seqlen_k - seqlen_q),
 // and a row that sees no key gets an output of zeros and an LSE of +infinity.
-// The CPU version also has FlashAttention-3's other options, with its
-// conventions (see AttentionShape and attention_cpu): a sliding window, score
-// softcapping, per-head attention sinks and a V head dim of its own.
+// Both also have FlashAttention-3's other options, with its conventions (see
+// AttentionShape and attention_cpu): a sliding window, score softcapping,
+// per-head attention sinks and a V head dim of its own.
 #pragma once
 
 #include <algorithm>
@@ -131,23 +131,18 @@ void attention_backward_cpu(const AttentionShape& shape, const double* q, const 
                             const double* dout, double* dq, double* dk, double* dv, const double* sinks = nullptr,
                             double* dsinks = nullptr);
 
-// Whether the GPU versions compute a shape: the causal mask, windows and
-// softcapping, not yet a V head dim of its own; they refuse the others
-// (cudaErrorInvalidValue) rather than ignore them.
-inline bool gpu_computes(const AttentionShape& s) { return value_head_dim(s) == s.head_dim; }
-
 // The window's bounds as the GPU versions take them: (left, right), -1
 // unbounded, the causal mask folded into right.
 inline int64_t window_right_of(const AttentionShape& s) { return s.causal ? 0 : s.window_right; }
 
 #ifdef FLASH3_REFERENCE_HAS_CUDA
 
-// Attention on the GPU with float32 accumulation, for any shape (head_dim up to
-// what one block's shared memory holds, about 900 on sm_90).
+// Attention on the GPU with float32 accumulation, for any shape (head_dim and
+// head_dim_v up to what one block's shared memory holds, about 900 on sm_90).
 //   q, k, v: device bf16 or fp16 (per dtype) tensors described as in flash3.h
-//            (element strides, dim_stride == 1); k and v may be null when
-//            seqlen_k == 0.
-//   o:       device float32, dense [batch, seqlen_q, heads_q, head_dim].
+//            (element strides, dim_stride == 1; v of V's head dim); k and v
+//            may be null when seqlen_k == 0.
+//   o:       device float32, dense [batch, seqlen_q, heads_q, head_dim_v].
 //   lse:     device float32, dense [batch, heads_q, seqlen_q]; may be nullptr.
 //   sinks:   device float32 [heads_q], as attention_cpu's; may be nullptr.
 // emulate_low_precision models a straightforward implementation in the input
@@ -184,11 +179,12 @@ cudaError_t attention_gpu_fp8(const AttentionShape& shape, flash3::ConstTensor q
                               Fp8Emulation emulation, cudaStream_t stream, const float* sinks = nullptr);
 
 // attention_cpu's backward on the GPU with float32 accumulation, for any shape
-// (head_dim up to 512). q, k, v, dout: device tensors in dtype described as in
-// flash3.h. dq, dk, dv: device float32, dense [batch, seqlen, heads, head_dim]
-// (dk, dv with heads_kv). emulate_low_precision rounds S, P, dP and dS to
+// (head_dim and head_dim_v up to 512). q, k, v, dout: device tensors in dtype
+// described as in flash3.h (v, dout of V's head dim). dq, dk, dv: device
+// float32, dense [batch, seqlen, heads, head_dim] (dk, dv with heads_kv; dv
+// with head_dim_v). emulate_low_precision rounds S, P, dP and dS to
 // dtype where a straightforward implementation in dtype holds them, and the
-// results. With `o` (the forward's output, in dtype, laid out as q), D =
+// results. With `o` (the forward's output, in dtype, laid out as dout), D =
 // rowsum(dO o O) is taken from it, as FlashAttention and flash3 take it from
 // their rounded O, rather than sum_j P_ij dP_ij: the difference from the
 // plain reference measures what that rounding alone costs the gradients.

@@ -143,11 +143,13 @@ TEST(CApi, AbiOffsets) {
   EXPECT_EQ(flash3_abi_offset("ForwardArgs", "options.warp_specialization"),
             int64_t(offsetof(ForwardArgs, options.warp_specialization)));
   EXPECT_EQ(flash3_abi_offset("ForwardArgs", "tile_counter"), int64_t(offsetof(ForwardArgs, tile_counter)));
+  EXPECT_EQ(flash3_abi_offset("ForwardArgs", "head_dim_v"), int64_t(offsetof(ForwardArgs, head_dim_v)));
   EXPECT_EQ(flash3_abi_offset("BackwardArgs", "dout.head_stride"), int64_t(offsetof(BackwardArgs, dout.head_stride)));
   EXPECT_EQ(flash3_abi_offset("BackwardArgs", "deterministic"), int64_t(offsetof(BackwardArgs, deterministic)));
   EXPECT_EQ(flash3_abi_offset("BackwardArgs", "varlen.seqused_k"), int64_t(offsetof(BackwardArgs, varlen.seqused_k)));
   EXPECT_EQ(flash3_abi_offset("BackwardArgs", "varlen.total_k"), int64_t(offsetof(BackwardArgs, varlen.total_k)));
   EXPECT_EQ(flash3_abi_offset("BackwardArgs", "workspace"), int64_t(offsetof(BackwardArgs, workspace)));
+  EXPECT_EQ(flash3_abi_offset("BackwardArgs", "head_dim_v"), int64_t(offsetof(BackwardArgs, head_dim_v)));
   EXPECT_EQ(flash3_abi_offset("QuantizeArgs", "v_out.batch_stride"),
             int64_t(offsetof(QuantizeArgs, v_out.batch_stride)));
   EXPECT_EQ(flash3_abi_offset("QuantizeArgs", "granularity"), int64_t(offsetof(QuantizeArgs, granularity)));

@@ -664,17 +664,6 @@ TEST(ReferenceCpuBackward, MatchesFiniteDifferencesWithOptions) {
   }
 }
 
-// The GPU references compute windows and softcapping, not yet a V head dim of its own.
-TEST(ReferenceCpu, GpuComputesAllButHeadDimV) {
-  const AttentionShape plain{1, 2, 2, 1, 1, 2, 0.0f, true};
-  EXPECT_TRUE(flash3::reference::gpu_computes(plain));
-  EXPECT_TRUE(flash3::reference::gpu_computes(with_options(plain, -1, -1, 0.0, 2)));  // head_dim_v == head_dim
-  EXPECT_TRUE(flash3::reference::gpu_computes(with_options(plain, 3, -1)));
-  EXPECT_TRUE(flash3::reference::gpu_computes(with_options(plain, -1, 0)));
-  EXPECT_TRUE(flash3::reference::gpu_computes(with_options(plain, -1, -1, 30.0)));
-  EXPECT_FALSE(flash3::reference::gpu_computes(with_options(plain, -1, -1, 0.0, 4)));
-}
-
 TEST(ReferenceCpu, RejectsInvalidOptions) {
   const AttentionShape ok{1, 2, 2, 1, 1, 2, 0.0f, false};
   EXPECT_TRUE(flash3::reference::is_valid(with_options(ok, 0, 0, 0.5, 3)));

@@ -350,6 +350,93 @@ TEST(ReferenceGpu, SinksAndSoftcapMatchCpu) {
   }
 }
 
+// V's head dim of its own in both GPU references against the float64 CPU
+// ones (float32 mode): O, LSE and the gradients, GQA, the causal mask, a
+// window, softcapping and sinks; V narrower than Q/K (192 / 128, DeepSeek's)
+// and wider (40 / 72), so that neither dim bounds the other's loops.
+TEST(ReferenceGpu, ValueHeadDimOfItsOwnMatchesCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto with = [](AttentionShape s, int64_t head_dim_v, int64_t window_left, double softcap) {
+    s.head_dim_v = head_dim_v;
+    s.window_left = window_left;
+    s.softcap = softcap;
+    return s;
+  };
+  // AttentionShape: batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, scale, causal.
+  const std::tuple<DType, AttentionShape, bool> cases[] = {
+      {DType::kBF16, with({2, 70, 90, 4, 2, 192, 0.0f, false}, 128, -1, 0.0), false},
+      {DType::kFP16, with({1, 150, 40, 4, 1, 192, 0.0f, true}, 128, -1, 0.0), true},  // 110 rows see no key
+      {DType::kBF16, with({1, 90, 90, 2, 2, 192, 2.0f, true}, 128, 20, 1.5), true},
+      {DType::kFP16, with({2, 33, 50, 2, 1, 40, 0.0f, false}, 72, 10, 0.0), false},
+  };
+  for (const auto& [dtype, s, with_sinks] : cases) {
+    SCOPED_TRACE(std::to_string(s.seqlen_q) + "x" + std::to_string(s.seqlen_k) + " d" + std::to_string(s.head_dim) +
+                 " dv" + std::to_string(s.head_dim_v) + (s.causal ? " causal" : "") + (with_sinks ? " sinks" : ""));
+    const int64_t d = s.head_dim, dv = s.head_dim_v;
+    const int64_t nq = s.batch * s.seqlen_q * s.heads_q * d, nk = s.batch * s.seqlen_k * s.heads_kv * d;
+    const int64_t nv = s.batch * s.seqlen_k * s.heads_kv * dv, no = s.batch * s.seqlen_q * s.heads_q * dv;
+    const int64_t n_lse = s.batch * s.heads_q * s.seqlen_q, n_grads = nq + nk + nv;
+    std::mt19937 rng(13);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<uint16_t> bits(nq + nk + nv + no);  // Q, K, V, dO
+    std::vector<double> vals(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) {
+      bits[i] = to_bits(dist(rng), dtype);
+      vals[i] = from_bits(bits[i], dtype);
+    }
+    std::vector<float> sinks(s.heads_q);
+    std::vector<double> sinks64(s.heads_q);
+    for (int64_t h = 0; h < s.heads_q; ++h) sinks64[h] = sinks[h] = 2.0f * dist(rng);
+    DeviceBuffer<uint16_t> in(bits.size());
+    DeviceBuffer<float> d_sinks(s.heads_q), o(no), lse(n_lse), grads(n_grads);
+    CUDA_OK(cudaMemcpy(in.ptr, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_sinks.ptr, sinks.data(), s.heads_q * 4, cudaMemcpyHostToDevice));
+    for (float* p : {o.ptr, grads.ptr}) CUDA_OK(cudaMemset(p, 0xff, (p == o.ptr ? no : n_grads) * sizeof(float)));
+    auto tensor = [&](int64_t offset, int64_t seqlen, int64_t heads, int64_t dim) {
+      return flash3::contiguous<const void*>(in.ptr + offset, seqlen, heads, dim);
+    };
+    const auto tq = tensor(0, s.seqlen_q, s.heads_q, d), tk = tensor(nq, s.seqlen_k, s.heads_kv, d),
+               tv = tensor(nq + nk, s.seqlen_k, s.heads_kv, dv), tdo = tensor(nq + nk + nv, s.seqlen_q, s.heads_q, dv);
+    float const* gpu_sinks = with_sinks ? d_sinks.ptr : nullptr;
+    CUDA_OK(attention_gpu(s, dtype, tq, tk, tv, o.ptr, lse.ptr, false, nullptr, gpu_sinks));
+    float* g = grads.ptr;
+    CUDA_OK(flash3::reference::attention_backward_gpu(s, dtype, tq, tk, tv, tdo, g, g + nq, g + nq + nk, false,
+                                                      nullptr, nullptr, gpu_sinks));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> h_o(no), h_lse(n_lse), h_grads(n_grads);
+    CUDA_OK(cudaMemcpy(h_o.data(), o.ptr, no * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(h_lse.data(), lse.ptr, n_lse * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(h_grads.data(), g, n_grads * 4, cudaMemcpyDeviceToHost));
+
+    std::vector<double> ref_o(no), ref_lse(n_lse), ref_grads(n_grads);
+    const double* q = vals.data();
+    double const* cpu_sinks = with_sinks ? sinks64.data() : nullptr;
+    attention_cpu(s, q, q + nq, q + nq + nk, ref_o.data(), ref_lse.data(), cpu_sinks);
+    flash3::reference::attention_backward_cpu(s, q, q + nq, q + nq + nk, q + nq + nk + nv, ref_grads.data(),
+                                              ref_grads.data() + nq, ref_grads.data() + nq + nk, cpu_sinks);
+    auto max_err = [](const float* got, const double* ref, size_t n, double& ref_max) {
+      double err = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(got[i]) && !(std::isinf(got[i]) && got[i] == ref[i])) return double(INFINITY);
+        err = std::max(err, std::fabs(got[i] - ref[i]));
+        ref_max = std::max(ref_max, std::fabs(ref[i]));
+      }
+      return err;
+    };
+    double o_max = 0, lse_max = 0, grad_max = 0;
+    EXPECT_LT(max_err(h_o.data(), ref_o.data(), no, o_max), 1e-4);
+    for (int64_t i = 0; i < n_lse; ++i) {
+      if (std::isinf(ref_lse[i])) {
+        EXPECT_EQ(h_lse[i], ref_lse[i]) << "LSE[" << i << "]";
+        h_lse[i] = 0.f;
+        ref_lse[i] = 0.0;
+      }
+    }
+    EXPECT_LT(max_err(h_lse.data(), ref_lse.data(), n_lse, lse_max), 1e-4 * std::max(1.0, lse_max));
+    EXPECT_LE(max_err(h_grads.data(), ref_grads.data(), n_grads, grad_max), 1e-4 * std::max(1.0, grad_max));
+  }
+}
+
 // D from a given output O: with one key O = V_0 and the exact dQ and dK are 0,
 // which D = rowsum(dO o O) gives up to float32's rounding; with 37 keys a
 // random O moves them; dV does not involve D, so any O leaves it bitwise

@@ -285,7 +285,7 @@ TEST(BackwardWorkspace, QueryBlocksFollowTheHeadDim) {
   for (int d : {64, 96, 128, 192, 256}) {
     int const bm = flash3::bwd::bwd_block_m(d);
     EXPECT_EQ(bm, d == 64 ? 128 : 64) << d;
-    flash3::bwd::WorkspaceLayout const w = flash3::bwd::workspace_layout(2, 200, 300, 8, 2, d, false, false);
+    flash3::bwd::WorkspaceLayout const w = flash3::bwd::workspace_layout(2, 200, 300, 8, 2, d, d, false, false);
     EXPECT_EQ(w.m_blocks, flash3::div_up(200, bm)) << d;
     // The dQ accumulator holds every padded row's d floats, before LSE and D.
     EXPECT_GE(w.lse_log2 - w.dq_accum, size_t(2) * 8 * w.m_blocks * bm * d * sizeof(float)) << d;
@@ -293,10 +293,25 @@ TEST(BackwardWorkspace, QueryBlocksFollowTheHeadDim) {
     // up to kMaxSplitTiles (here 2 x 8 heads x div_up(300, block N) tiles).
     int const tiles = 2 * 8 * flash3::div_up(300, flash3::bwd::bwd_block_n(d));
     EXPECT_EQ(w.split_tiles, std::min(tiles, flash3::bwd::kMaxSplitTiles)) << d;
-    EXPECT_GE(w.bytes - w.split_sums, size_t(w.split_tiles) * flash3::bwd::split_tile_bytes(d)) << d;
-    EXPECT_EQ(flash3::bwd::workspace_layout(2, 200, 300, 8, 2, d, true, false).split_tiles, 0) << d;
-    EXPECT_EQ(flash3::bwd::workspace_layout(2, 200, 300, 8, 2, d, false, true).split_tiles, 0) << d;
+    EXPECT_GE(w.bytes - w.split_sums, size_t(w.split_tiles) * flash3::bwd::split_tile_bytes(d, d)) << d;
+    EXPECT_EQ(flash3::bwd::workspace_layout(2, 200, 300, 8, 2, d, d, true, false).split_tiles, 0) << d;
+    EXPECT_EQ(flash3::bwd::workspace_layout(2, 200, 300, 8, 2, d, d, false, true).split_tiles, 0) << d;
   }
+}
+
+// V's head dim of its own (192 / 128): the dQ accumulator and dK's per-head
+// sums have Q/K's 192 columns, dV's V's 128, and a split tile's sums both.
+TEST(BackwardWorkspace, ValueHeadDimSizesTheDvSums) {
+  using flash3::bwd::workspace_layout;
+  flash3::bwd::WorkspaceLayout const w = workspace_layout(2, 200, 300, 8, 2, 192, 128, false, false);
+  flash3::bwd::WorkspaceLayout const same = workspace_layout(2, 200, 300, 8, 2, 192, 192, false, false);
+  EXPECT_EQ(w.lse_log2 - w.dq_accum, same.lse_log2 - same.dq_accum);
+  EXPECT_EQ(w.dv_accum - w.dk_accum, size_t(2) * 8 * 300 * 192 * sizeof(float));
+  EXPECT_EQ(w.ready - w.dv_accum, size_t(2) * 8 * 300 * 128 * sizeof(float));
+  EXPECT_EQ(flash3::bwd::split_tile_bytes(192, 128), size_t(64) * (192 + 128) * sizeof(float));
+  EXPECT_EQ(w.split_tiles, same.split_tiles);
+  EXPECT_GE(w.bytes - w.split_sums, size_t(w.split_tiles) * flash3::bwd::split_tile_bytes(192, 128));
+  EXPECT_LT(w.bytes, same.bytes);
 }
 
 // The paper's non-causal shapes on 132 SMs: head dim 64 (64 query blocks of
@@ -750,7 +765,7 @@ TEST(BackwardVarlen, ReadyCountersPerItem) {
   using namespace flash3::bwd;
   for (int d : {64, 128, 256}) {
     int64_t const heads = 6, total_q = 3000, batch = 7;
-    WorkspaceLayout const w = packed_workspace_layout(batch, total_q, 2000, heads, 2, d, false);
+    WorkspaceLayout const w = packed_workspace_layout(batch, total_q, 2000, heads, 2, d, d, false);
     int64_t const rows = w.m_blocks * bwd_block_m(d);
     int64_t const items = preprocess_items_per_head(rows);
     EXPECT_GE(w.dq_arrivals - w.ready, size_t(heads * items) * sizeof(int)) << d;

@@ -14,6 +14,7 @@
 namespace {
 
 using flash3::testing::valid_forward_args;
+using flash3::testing::with_head_dims;
 
 using flash3::ForwardArgs;
 using flash3::Status;
@@ -82,6 +83,57 @@ TEST(Validation, HeadDim) {
   }
 }
 
+// V's head dim of its own: 0 (head_dim's), head_dim, or a pair's (192 /
+// 128), with bf16 and fp16, the masks, softcapping, sinks and packed
+// sequences; V and O are checked for V's head dim, Q and K for Q's.
+TEST(Validation, ValueHeadDim) {
+  for (flash3::DType dtype : {flash3::DType::kBF16, flash3::DType::kFP16}) {
+    ForwardArgs a = with_head_dims(valid_forward_args(), 192, 128);
+    a.dtype = dtype;
+    EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+    a.causal = true;
+    a.window_left = 50;
+    a.softcap = 30.f;
+    a.sinks = reinterpret_cast<const float*>(0x50000);
+    EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  }
+  for (auto [d, dv] : {std::pair{128, 0}, std::pair{128, 128}, std::pair{192, 192}, std::pair{64, 64}}) {
+    ForwardArgs const a = with_head_dims(valid_forward_args(), d, dv);
+    EXPECT_TRUE(flash3::validate(a).ok()) << d << " " << dv << ": " << flash3::validate(a).message();
+  }
+  for (auto [d, dv] : {std::pair{128, 64}, std::pair{192, 64}, std::pair{192, 256}, std::pair{64, 128},
+                       std::pair{256, 128}, std::pair{192, -128}}) {
+    expect_invalid([d, dv](ForwardArgs& a) { a = with_head_dims(a, d, dv); }, "head_dim_v");
+  }
+  // O's rows must hold V's 128 columns (Q's 192 need not fit); with V's head
+  // dim 192, O's rows of 128 overlap.
+  expect_invalid(
+      [](ForwardArgs& a) {
+        a = with_head_dims(a, 192, 128);
+        a.o = flash3::contiguous(a.o.data, a.seqlen_q, a.heads_q, 64);
+      },
+      "o.head_stride");
+  expect_invalid(
+      [](ForwardArgs& a) {
+        a = with_head_dims(a, 192, 0);
+        a.o = flash3::contiguous(a.o.data, a.seqlen_q, a.heads_q, 128);
+      },
+      "o.head_stride");
+  expect_invalid([](ForwardArgs& a) { a = with_head_dims(a, 192, 128), a.v.dim_stride = 2; }, "v.dim_stride");
+  // Packed sequences: one batch entry of the total rows.
+  ForwardArgs a = with_head_dims(valid_forward_args(), 192, 128);
+  a.varlen.cu_seqlens_q = reinterpret_cast<const int32_t*>(0xb0000);
+  a.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(0xb0100);
+  a.varlen.total_q = a.seqlen_q;
+  a.varlen.total_k = a.seqlen_k;
+  EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  // The ablation's variants are built at head dim 128 only.
+  a = with_head_dims(valid_forward_args(), 192, 128);
+  a.options.pingpong = false;
+  EXPECT_EQ(flash3::validate(a).code(), Status::Code::kUnsupported);
+  EXPECT_EQ(flash3::validate(a).message().rfind("options", 0), 0u) << flash3::validate(a).message();
+}
+
 TEST(Validation, DtypeAndScale) {
   expect_invalid([](ForwardArgs& a) { a.dtype = static_cast<flash3::DType>(7); }, "dtype");
   expect_invalid([](ForwardArgs& a) { a.softmax_scale = NAN; }, "softmax_scale");
@@ -143,6 +195,10 @@ TEST(Validation, Fp8) {
   }
   expect_invalid_fp8([](ForwardArgs& a) { a.head_dim = 96; }, "head_dim");
   expect_invalid_fp8([](ForwardArgs& a) { a.head_dim = 192; }, "head_dim");
+  // No V head dim of its own in FP8: the pair 192 / 128 is bf16's and fp16's.
+  expect_invalid_fp8([](ForwardArgs& a) { a = with_head_dims(a, 192, 128); }, "head_dim_v");
+  expect_invalid_fp8([](ForwardArgs& a) { a = with_head_dims(a, 128, 64); }, "head_dim_v");
+  EXPECT_TRUE(flash3::validate(with_head_dims(valid_fp8_args(), 128, 128)).ok());
   expect_invalid_fp8([](ForwardArgs& a) { a.fp8.q = nullptr; }, "fp8.q");
   expect_invalid_fp8([](ForwardArgs& a) { a.fp8.k = nullptr; }, "fp8.k");
   expect_invalid_fp8([](ForwardArgs& a) { a.fp8.v = reinterpret_cast<const float*>(0x52002); }, "fp8.v");
@@ -456,6 +512,45 @@ TEST(BackwardValidation, ValidArgumentsPass) {
   }
 }
 
+// As the forward's: V, O, dO and dV have V's head dim, Q, K, dQ and dK Q's;
+// the workspace holds dV's per-head sums at V's.
+TEST(BackwardValidation, ValueHeadDim) {
+  for (flash3::DType dtype : {flash3::DType::kBF16, flash3::DType::kFP16}) {
+    flash3::BackwardArgs a = with_head_dims(valid_backward_args(), 192, 128);
+    a.dtype = dtype;
+    EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+    a.causal = true;
+    a.window_left = 50;
+    a.softcap = 30.f;
+    a.sinks = reinterpret_cast<const float*>(0x70000);
+    a.dsinks = reinterpret_cast<float*>(0x70100);
+    EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  }
+  for (auto [d, dv] : {std::pair{128, 64}, std::pair{192, 256}, std::pair{96, 128}}) {
+    expect_invalid_backward([d, dv](flash3::BackwardArgs& a) { a = with_head_dims(a, d, dv); }, "head_dim_v");
+  }
+  // dK's rows hold Q/K's 192 columns, dV's V's 128.
+  expect_invalid_backward(
+      [](flash3::BackwardArgs& a) {
+        a = with_head_dims(a, 192, 128);
+        a.dk = flash3::contiguous(a.dk.data, a.seqlen_k, a.heads_kv, 128);
+      },
+      "dk.head_stride");
+  expect_invalid_backward(
+      [](flash3::BackwardArgs& a) {
+        a = with_head_dims(a, 192, 128);
+        a.dv = flash3::contiguous(a.dv.data, a.seqlen_k, a.heads_kv, 64);
+      },
+      "dv.head_stride");
+  expect_invalid_backward([](flash3::BackwardArgs& a) { a = with_head_dims(a, 192, 128), a.dout.dim_stride = 0; },
+                          "dout.dim_stride");
+  // GQA's per-query-head sums: dV's at 128 columns, not 192.
+  flash3::BackwardArgs const pair = with_head_dims(valid_backward_args(), 192, 128);
+  flash3::BackwardArgs const same = with_head_dims(valid_backward_args(), 192, 0);
+  EXPECT_GE(flash3::backward_workspace_size(same) - flash3::backward_workspace_size(pair),
+            size_t(2 * 8 * 300 * 64 * 4));
+}
+
 TEST(BackwardValidation, SharedChecks) {
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.batch = -1; }, "batch");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.heads_kv = 3; }, "heads_kv");
@@ -607,6 +702,7 @@ std::vector<std::pair<std::function<void(flash3::BackwardArgs&)>, std::string>> 
           {[](flash3::BackwardArgs& a) { a.heads_q = -8; }, "heads_q"},
           {[](flash3::BackwardArgs& a) { a.heads_kv = 3; }, "heads_kv"},
           {[](flash3::BackwardArgs& a) { a.head_dim = 80; }, "head_dim"},
+          {[](flash3::BackwardArgs& a) { a.head_dim_v = 64; }, "head_dim_v"},
           {[](flash3::BackwardArgs& a) { a.batch = a.seqlen_q = a.heads_q = a.heads_kv = int64_t(1) << 30; }, "batch"}};
 }
 
@@ -650,8 +746,11 @@ TEST(BackwardValidation, WorkspaceSizeWithStatus) {
 
 // Packed sequences (varlen): 3 sequences in 250 query and 700 key rows, the
 // tensors one batch entry of those rows; the device arrays are never read.
-flash3::BackwardArgs valid_packed_backward_args() {
+flash3::BackwardArgs valid_packed_backward_args(int64_t head_dim = 128, int64_t head_dim_v = 0) {
   flash3::BackwardArgs a = valid_backward_args();
+  a.head_dim = head_dim;
+  a.head_dim_v = head_dim_v;
+  int64_t const dv = head_dim_v != 0 ? head_dim_v : head_dim;
   a.batch = 3;
   a.varlen.cu_seqlens_q = reinterpret_cast<const int32_t*>(0xb0000);
   a.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(0xb0100);
@@ -661,10 +760,13 @@ flash3::BackwardArgs valid_packed_backward_args() {
     t = flash3::contiguous(t.data, n, heads, d);
     t.batch_stride = 0;  // unused: one batch entry
   };
-  for (auto* t : {&a.q, &a.o, &a.dout}) rows(*t, a.varlen.total_q, a.heads_q, a.head_dim);
-  for (auto* t : {&a.k, &a.v}) rows(*t, a.varlen.total_k, a.heads_kv, a.head_dim);
+  rows(a.q, a.varlen.total_q, a.heads_q, a.head_dim);
+  for (auto* t : {&a.o, &a.dout}) rows(*t, a.varlen.total_q, a.heads_q, dv);
+  rows(a.k, a.varlen.total_k, a.heads_kv, a.head_dim);
+  rows(a.v, a.varlen.total_k, a.heads_kv, dv);
   rows(a.dq, a.varlen.total_q, a.heads_q, a.head_dim);
-  for (auto* t : {&a.dk, &a.dv}) rows(*t, a.varlen.total_k, a.heads_kv, a.head_dim);
+  rows(a.dk, a.varlen.total_k, a.heads_kv, a.head_dim);
+  rows(a.dv, a.varlen.total_k, a.heads_kv, dv);
   return a;
 }
 
@@ -682,6 +784,8 @@ TEST(BackwardValidation, Varlen) {
   a.softcap = 30.f;
   a.deterministic = true;
   EXPECT_TRUE(flash3::validate(a).ok()) << flash3::validate(a).message();
+  EXPECT_TRUE(flash3::validate(valid_packed_backward_args(192, 128)).ok())
+      << flash3::validate(valid_packed_backward_args(192, 128)).message();
   expect_invalid_packed([](flash3::BackwardArgs& a) { a.varlen.cu_seqlens_k = nullptr; }, "varlen.cu_seqlens_k");
   expect_invalid_packed([](flash3::BackwardArgs& a) { a.varlen.cu_seqlens_q = nullptr; }, "varlen.cu_seqlens_q");
   expect_invalid_backward([](flash3::BackwardArgs& a) { a.varlen.seqused_k = reinterpret_cast<const int32_t*>(0xb0300); },

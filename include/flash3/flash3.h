@@ -5,7 +5,8 @@
 //
 // Layout of every Q/K/V/O tensor: [batch, seqlen, heads, head_dim], with
 // arbitrary (64-bit, element-counted) strides for batch, seqlen and heads and a
-// contiguous head dimension. Packed QKV tensors are described by pointing Q, K
+// contiguous head dimension. V, O and their gradients have V's head dim
+// (head_dim_v), which is head_dim unless the arguments give another. Packed QKV tensors are described by pointing Q, K
 // and V into the same buffer with the packed strides. An output (O, dQ, dK,
 // dV, the quantizer's) must not overlap itself: sorted by stride, each of its
 // modes of more than one index steps past all that the head dim and the
@@ -146,12 +147,12 @@ struct ForwardArgs {
   int64_t seqlen_k = 0;
   int64_t heads_q = 0;
   int64_t heads_kv = 0;  // heads_q % heads_kv == 0: MHA (equal), GQA, MQA (1)
-  int64_t head_dim = 0;  // 64, 96, 128, 192 or 256 (kE4M3: 64, 128 or 256)
+  int64_t head_dim = 0;  // Q's and K's: 64, 96, 128, 192 or 256 (kE4M3: 64, 128 or 256)
 
   ConstTensor q;   // [batch, seqlen_q, heads_q, head_dim]
   ConstTensor k;   // [batch, seqlen_k, heads_kv, head_dim]
-  ConstTensor v;   // [batch, seqlen_k, heads_kv, head_dim]
-  MutableTensor o; // [batch, seqlen_q, heads_q, head_dim]
+  ConstTensor v;   // [batch, seqlen_k, heads_kv, head_dim_v]
+  MutableTensor o; // [batch, seqlen_q, heads_q, head_dim_v]
 
   // Optional float32 [batch, heads_q, seqlen_q], contiguous: the natural-log
   // sum of exp of the scaled scores of each query row. A row that sees no key
@@ -201,6 +202,11 @@ struct ForwardArgs {
   // each stream or graph that may run concurrently. 4-byte aligned. nullptr:
   // flash3's own (see forward()).
   int* tile_counter = nullptr;
+
+  // V's and O's head dim: 0 (the same as head_dim), head_dim, or 128 with
+  // head_dim 192 (DeepSeek-V3's shape; bf16 and fp16, with every option
+  // above). Last in the struct, so that the C ABI's other offsets stay.
+  int64_t head_dim_v = 0;
 };
 
 // Checks the arguments without touching the device: sizes, head dim, pointers
@@ -229,15 +235,15 @@ struct BackwardArgs {
   int64_t seqlen_k = 0;
   int64_t heads_q = 0;
   int64_t heads_kv = 0;
-  int64_t head_dim = 0;  // 64, 96, 128, 192 or 256
+  int64_t head_dim = 0;  // Q's and K's: 64, 96, 128, 192 or 256
 
   // The forward's inputs and output, and the gradient of the output, all in
   // `dtype` and laid out as in ForwardArgs.
   ConstTensor q;     // [batch, seqlen_q, heads_q, head_dim]
   ConstTensor k;     // [batch, seqlen_k, heads_kv, head_dim]
-  ConstTensor v;     // [batch, seqlen_k, heads_kv, head_dim]
-  ConstTensor o;     // [batch, seqlen_q, heads_q, head_dim]
-  ConstTensor dout;  // [batch, seqlen_q, heads_q, head_dim]: dLoss/dO
+  ConstTensor v;     // [batch, seqlen_k, heads_kv, head_dim_v]
+  ConstTensor o;     // [batch, seqlen_q, heads_q, head_dim_v]
+  ConstTensor dout;  // [batch, seqlen_q, heads_q, head_dim_v]: dLoss/dO
   // The forward's LSE: float32 [batch, heads_q, seqlen_q], contiguous
   // (packed sequences: [heads_q, total_q]).
   const float* lse = nullptr;
@@ -246,7 +252,7 @@ struct BackwardArgs {
   // heads that share a K/V head.
   MutableTensor dq;  // [batch, seqlen_q, heads_q, head_dim]
   MutableTensor dk;  // [batch, seqlen_k, heads_kv, head_dim]
-  MutableTensor dv;  // [batch, seqlen_k, heads_kv, head_dim]
+  MutableTensor dv;  // [batch, seqlen_k, heads_kv, head_dim_v]
 
   float softmax_scale = 0.0f;  // as in ForwardArgs: 0 selects 1/sqrt(head_dim)
   bool causal = false;
@@ -278,18 +284,20 @@ struct BackwardArgs {
   // nullptr: backward() allocates and frees it on `stream` (stream-ordered
   // cudaMallocAsync, which graph capture also supports).
   void* workspace = nullptr;
+
+  int64_t head_dim_v = 0;  // as in ForwardArgs (last for the same reason)
 };
 
 // Bytes of workspace backward() needs for these sizes, mask and mode, in
 // *bytes: 0 when there is no query (batch or seqlen_q 0, or packed sequences'
-// total_q 0). The same on every device. Reads only the sizes, head dim,
+// total_q 0). The same on every device. Reads only the sizes, head dims,
 // causal, deterministic and, for packed sequences, batch, varlen.total_q and
 // varlen.total_k (never the device arrays); when the
-// sizes or head dim are invalid, returns kInvalidArgument naming the argument
+// sizes or head dims are invalid, returns kInvalidArgument naming the argument
 // (as validate() would) and sets *bytes to 0.
 Status backward_workspace_size(const BackwardArgs& args, size_t* bytes);
 
-// As above, returning the bytes: 0 also for invalid sizes or head dim, which
+// As above, returning the bytes: 0 also for invalid sizes or head dims, which
 // backward() then reports.
 size_t backward_workspace_size(const BackwardArgs& args);
 

@@ -83,6 +83,7 @@ class ForwardArgs(ctypes.Structure):
         ("varlen", Varlen),
         ("options", KernelOptions),
         ("tile_counter", ctypes.c_void_p),
+        ("head_dim_v", ctypes.c_int64),
     ]
 
 
@@ -107,6 +108,7 @@ class BackwardArgs(ctypes.Structure):
         ("deterministic", ctypes.c_bool),
         ("varlen", Varlen),
         ("workspace", ctypes.c_void_p),
+        ("head_dim_v", ctypes.c_int64),
     ]
 
 

@@ -164,7 +164,7 @@ def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sink
                   *k.stride(), v.data_ptr(), *v.stride(), out.data_ptr(), *out.stride(),
                   0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
                   0 if sinks is None else sinks.data_ptr(), *fp8, *_NO_VARLEN, *_ALL_ON,
-                  0 if counter is None else counter.data_ptr())
+                  0 if counter is None else counter.data_ptr(), v.shape[-1])
     return args
 
 
@@ -176,7 +176,7 @@ def backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, de
     _pack_backward(args, 0, DTYPES[q.dtype], b, sq, k.shape[1], hq, k.shape[2], d, *_ref(q), *_ref(k), *_ref(v),
                    *_ref(out), *_ref(dout), lse.data_ptr(), *_ref(dq), *_ref(dk), *_ref(dv), softmax_scale, causal,
                    *mask, 0 if sinks is None else sinks.data_ptr(), 0 if dsinks is None else dsinks.data_ptr(),
-                   deterministic, *_NO_VARLEN, 0)
+                   deterministic, *_NO_VARLEN, 0, v.shape[-1])
     return args
 
 
@@ -207,7 +207,7 @@ def varlen_forward_args(q, k, v, out, lse, softmax_scale, causal, counter, varle
     _pack_forward(args, 0, DTYPES[q.dtype], *sizes, *_packed_ref(q), *_packed_ref(k), *_packed_ref(v),
                   *_packed_ref(out), 0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
                   0 if sinks is None else sinks.data_ptr(), *fp8, *fields, *_ALL_ON,
-                  0 if counter is None else counter.data_ptr())
+                  0 if counter is None else counter.data_ptr(), v.shape[-1])
     return args
 
 
@@ -219,7 +219,7 @@ def varlen_backward_args(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, cau
     _pack_backward(args, 0, DTYPES[q.dtype], *sizes, *_packed_ref(q), *_packed_ref(k), *_packed_ref(v),
                    *_packed_ref(out), *_packed_ref(dout), lse.data_ptr(), *_packed_ref(dq), *_packed_ref(dk),
                    *_packed_ref(dv), softmax_scale, causal, *mask, 0 if sinks is None else sinks.data_ptr(),
-                   0 if dsinks is None else dsinks.data_ptr(), deterministic, *fields, 0)
+                   0 if dsinks is None else dsinks.data_ptr(), deterministic, *fields, 0, v.shape[-1])
     return args
 
 

@@ -8,6 +8,7 @@
 #include "api/device.h"
 #include "bwd/registry.h"
 #include "bwd/workspace.h"
+#include "common/head_dims.h"
 #include "flash3/flash3.h"
 
 namespace flash3 {
@@ -25,7 +26,8 @@ Status backward_workspace_size(BackwardArgs const& a, size_t* bytes) {
   if (bytes == nullptr) return checks::invalid("bytes: null pointer");
   *bytes = 0;
   // Sizes validate() accepts keep the layout's arithmetic far from overflow.
-  if (Status s = checks::attention_sizes(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim);
+  if (Status s = checks::attention_sizes(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim,
+                                        a.head_dim_v);
       !s.ok()) {
     return s;
   }
@@ -57,7 +59,8 @@ Status backward(BackwardArgs const& args, cudaStream_t stream) {
   if (Status s = query_device(device); !s.ok()) return s;
   bool const packed = args.varlen.cu_seqlens_q != nullptr;
 #define FLASH3_BWD_INSTANCE(DTYPE, HEAD_DIM, SOFTCAP, PACKED)                                             \
-  if (args.dtype == DType::DTYPE && args.head_dim == HEAD_DIM && (args.softcap != 0.f) == SOFTCAP &&      \
+  if (args.dtype == DType::DTYPE && args.head_dim == HEAD_DIM && head_dim_v_of(args) == HEAD_DIM &&       \
+      (args.softcap != 0.f) == SOFTCAP &&                                                                 \
       packed == PACKED) {                                                                                 \
     return bwd::run_backward_instance<DType::DTYPE, HEAD_DIM, SOFTCAP, PACKED>(args, device, stream);     \
   }

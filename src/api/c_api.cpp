@@ -122,7 +122,7 @@ constexpr Field kForwardArgs[] = {
     FLASH3_FIELD(ForwardArgs, softcap),       FLASH3_FIELD(ForwardArgs, sinks),
            FLASH3_NESTED(ForwardArgs, fp8, kFp8Scales), FLASH3_NESTED(ForwardArgs, varlen, kVarlen),
     FLASH3_NESTED(ForwardArgs, options, kKernelOptions),
-    FLASH3_FIELD(ForwardArgs, tile_counter)};
+    FLASH3_FIELD(ForwardArgs, tile_counter),  FLASH3_FIELD(ForwardArgs, head_dim_v)};
 
 constexpr Field kBackwardArgs[] = {
     FLASH3_FIELD(BackwardArgs, dtype),           FLASH3_FIELD(BackwardArgs, batch),
@@ -138,7 +138,7 @@ constexpr Field kBackwardArgs[] = {
     FLASH3_FIELD(BackwardArgs, softcap),         FLASH3_FIELD(BackwardArgs, sinks),
     FLASH3_FIELD(BackwardArgs, dsinks),
     FLASH3_FIELD(BackwardArgs, deterministic),   FLASH3_NESTED(BackwardArgs, varlen, kVarlen),
-    FLASH3_FIELD(BackwardArgs, workspace)};
+    FLASH3_FIELD(BackwardArgs, workspace),       FLASH3_FIELD(BackwardArgs, head_dim_v)};
 
 constexpr Field kQuantizeArgs[] = {
     FLASH3_FIELD(QuantizeArgs, dtype),            FLASH3_FIELD(QuantizeArgs, batch),
@@ -165,8 +165,8 @@ static_assert(ends_at<ConstTensor>(offsetof(ConstTensor, dim_stride), sizeof(int
 static_assert(ends_at<Fp8Scales>(offsetof(Fp8Scales, out_dtype), sizeof(flash3::DType)));
 static_assert(ends_at<KernelOptions>(offsetof(KernelOptions, warp_specialization), sizeof(bool)));
 static_assert(ends_at<Varlen>(offsetof(Varlen, total_k), sizeof(int64_t)));
-static_assert(ends_at<ForwardArgs>(offsetof(ForwardArgs, tile_counter), sizeof(int*)));
-static_assert(ends_at<BackwardArgs>(offsetof(BackwardArgs, workspace), sizeof(void*)));
+static_assert(ends_at<ForwardArgs>(offsetof(ForwardArgs, head_dim_v), sizeof(int64_t)));
+static_assert(ends_at<BackwardArgs>(offsetof(BackwardArgs, head_dim_v), sizeof(int64_t)));
 static_assert(ends_at<QuantizeArgs>(offsetof(QuantizeArgs, seed), sizeof(uint64_t)));
 
 constexpr Struct kStructs[] = {

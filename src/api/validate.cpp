@@ -22,7 +22,8 @@ int64_t element_bytes(DType dtype) { return dtype == DType::kE4M3 ? 1 : 2; }
 // The sizes, head dim, scale and mask both passes share.
 template <class Args>
 Status check_problem(Args const& a) {
-  if (Status s = checks::attention_sizes(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim);
+  if (Status s = checks::attention_sizes(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim,
+                                        a.head_dim_v);
       !s.ok()) {
     return s;
   }
@@ -46,6 +47,10 @@ Status check_problem(Args const& a) {
 // FP8's scales: present, aligned, and of a known granularity.
 Status check_fp8(ForwardArgs const& a) {
   Fp8Scales const& f = a.fp8;
+  if (head_dim_v_of(a) != a.head_dim) {
+    return invalid("head_dim_v: FP8 (kE4M3) has no V head dim of its own: must be 0 or head_dim, got " +
+                   std::to_string(a.head_dim_v));
+  }
   if (!head_dim_supported(a.head_dim, true)) {
     return invalid("head_dim: FP8 (kE4M3) supports " + head_dim_list(true) + ", got " + std::to_string(a.head_dim));
   }
@@ -110,10 +115,11 @@ Status validate(ForwardArgs const& a) {
   int64_t const entries = packed ? 1 : a.batch;
   int64_t const rows_q = packed ? a.varlen.total_q : a.seqlen_q, rows_k = packed ? a.varlen.total_k : a.seqlen_k;
   if (Status s = checks::tensor("q", a.q, entries, rows_q, a.heads_q, a.head_dim, in_bytes); !s.ok()) return s;
-  if (Status s = checks::output("o", a.o, entries, rows_q, a.heads_q, a.head_dim, out_bytes); !s.ok()) return s;
+  int64_t const head_dim_v = head_dim_v_of(a);
+  if (Status s = checks::output("o", a.o, entries, rows_q, a.heads_q, head_dim_v, out_bytes); !s.ok()) return s;
   if (rows_k > 0) {
     if (Status s = checks::tensor("k", a.k, entries, rows_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
-    if (Status s = checks::tensor("v", a.v, entries, rows_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
+    if (Status s = checks::tensor("v", a.v, entries, rows_k, a.heads_kv, head_dim_v, in_bytes); !s.ok()) return s;
   }
   // LSE's and the sinks' layouts are fixed and dense, so they cannot overlap
   // themselves: only their alignment to check.
@@ -142,9 +148,11 @@ Status validate(BackwardArgs const& a) {
   int64_t const entries = packed ? 1 : a.batch;
   int64_t const rows_q = packed ? a.varlen.total_q : a.seqlen_q, rows_k = packed ? a.varlen.total_k : a.seqlen_k;
   if (a.batch == 0 || (rows_q == 0 && rows_k == 0)) return Status();  // no gradient to write
+  int64_t const head_dim_v = head_dim_v_of(a);
   if (rows_q > 0) {
-    for (auto const& [name, t] : {std::pair{"q", a.q}, std::pair{"o", a.o}, std::pair{"dout", a.dout}}) {
-      if (Status s = checks::tensor(name, t, entries, rows_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
+    for (auto const& [name, t, dim] : {std::tuple{"q", a.q, a.head_dim}, std::tuple{"o", a.o, head_dim_v},
+                                       std::tuple{"dout", a.dout, head_dim_v}}) {
+      if (Status s = checks::tensor(name, t, entries, rows_q, a.heads_q, dim, 2); !s.ok()) return s;
     }
     if (Status s = checks::output("dq", a.dq, entries, rows_q, a.heads_q, a.head_dim, 2); !s.ok()) return s;
     if (a.lse == nullptr) return invalid("lse: null pointer (the forward's LSE is needed)");
@@ -152,9 +160,9 @@ Status validate(BackwardArgs const& a) {
   }
   if (rows_k > 0) {
     if (Status s = checks::tensor("k", a.k, entries, rows_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::tensor("v", a.v, entries, rows_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::tensor("v", a.v, entries, rows_k, a.heads_kv, head_dim_v, 2); !s.ok()) return s;
     if (Status s = checks::output("dk", a.dk, entries, rows_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
-    if (Status s = checks::output("dv", a.dv, entries, rows_k, a.heads_kv, a.head_dim, 2); !s.ok()) return s;
+    if (Status s = checks::output("dv", a.dv, entries, rows_k, a.heads_kv, head_dim_v, 2); !s.ok()) return s;
   }
   if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0) return invalid("workspace: must be 256-byte aligned");
   return Status();

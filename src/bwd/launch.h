@@ -144,7 +144,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   // The counters cleared (before the preprocess, which the main kernel does
   // not wait for as a whole), then line 2: D and the LSE, the dQ accumulator
   // cleared.
-  size_t const counters_end = w.split_sums + split.split_tiles * split_tile_bytes(a.head_dim);
+  size_t const counters_end = w.split_sums + split.split_tiles * split_tile_bytes(a.head_dim, head_dim_v_of(a));
   if ((err = cudaMemsetAsync(ws + w.ready, 0, counters_end - w.ready, stream)) != cudaSuccess) return err;
   PreprocessParams<Element> pre{};
   pre.o = static_cast<Element const*>(a.o.data);

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/head_dims.h"
 #include "common/host_device.h"
 #include "flash3/flash3.h"
 
@@ -16,10 +17,11 @@ constexpr int bwd_block_m(int64_t head_dim) { return head_dim <= 64 ? 128 : 64; 
 constexpr int bwd_block_n(int64_t head_dim) { return head_dim > 192 ? 80 : head_dim > 128 ? 64 : 128; }
 
 // The most tiles whose last wave is split (bwd/tail_split.h): fewer than
-// the CTAs of one wave on any sm_90 part. Each has fp32 sums of dK and dV.
+// the CTAs of one wave on any sm_90 part. Each has fp32 sums of dK (head_dim
+// columns) and dV (head_dim_v).
 constexpr int kMaxSplitTiles = 132;
-constexpr size_t split_tile_bytes(int64_t head_dim) {
-  return 2 * size_t(bwd_block_n(head_dim) * head_dim) * sizeof(float);
+constexpr size_t split_tile_bytes(int64_t head_dim, int64_t head_dim_v) {
+  return size_t(bwd_block_n(head_dim) * (head_dim + head_dim_v)) * sizeof(float);
 }
 
 // The preprocess's work items: this many rows of one head (bwd/preprocess.h),
@@ -36,7 +38,7 @@ struct WorkspaceLayout {
   size_t lse_log2 = 0;   // float [batch, heads_q, m_blocks * block_m]: LSE * log2(e), +inf past seqlen_q
   size_t dpsum = 0;      // float, same shape: D = rowsum(dO * O), 0 past seqlen_q
   size_t dk_accum = 0;   // float [batch, heads_q, seqlen_k, head_dim], GQA/MQA only: dK per query head
-  size_t dv_accum = 0;   // float, same shape: dV per query head
+  size_t dv_accum = 0;   // float [batch, heads_q, seqlen_k, head_dim_v]: dV per query head
   // From here on cleared before the preprocess (the split sums' used part):
   // the preprocess's ready counters (ready_counter()); int [batch, heads_q, m_blocks]:
   // how many key blocks have added to each dQ tile (deterministic mode's
@@ -47,8 +49,8 @@ struct WorkspaceLayout {
   size_t post_done = 0;
   // Without the causal mask or deterministic mode, the split tiles of the
   // last wave (bwd/tail_split.h): int [split_tiles] arrival counters, then
-  // float [split_tiles, 2 (dK, dV), block_n * head_dim] sums in the
-  // accumulators' register order.
+  // float [split_tiles, block_n * (head_dim (dK) + head_dim_v (dV))] sums in
+  // the accumulators' register order.
   size_t split_arrivals = 0;
   size_t split_sums = 0;
   int split_tiles = 0;   // capacity
@@ -70,8 +72,8 @@ FLASH3_HOST_DEVICE int64_t packed_row_blocks(int64_t total_q, int64_t batch, int
 }
 
 inline WorkspaceLayout workspace_layout(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
-                                        int64_t heads_kv, int64_t head_dim, bool causal, bool deterministic,
-                                        bool packed = false) {
+                                        int64_t heads_kv, int64_t head_dim, int64_t head_dim_v, bool causal,
+                                        bool deterministic, bool packed = false) {
   WorkspaceLayout w;
   int64_t const block_m = bwd_block_m(head_dim);
   w.m_blocks = (seqlen_q + block_m - 1) / block_m;
@@ -86,9 +88,9 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t seqlen_q, int64_t
   w.lse_log2 = take(size_t(rows) * sizeof(float));
   w.dpsum = take(size_t(rows) * sizeof(float));
   bool const grouped = heads_q != heads_kv;
-  size_t const kv_accum = grouped ? size_t(batch * heads_q * seqlen_k * head_dim) * sizeof(float) : 0;
-  w.dk_accum = take(kv_accum);
-  w.dv_accum = take(kv_accum);
+  size_t const per_column = grouped ? size_t(batch * heads_q * seqlen_k) * sizeof(float) : 0;
+  w.dk_accum = take(per_column * head_dim);
+  w.dv_accum = take(per_column * head_dim_v);
   int64_t const ready_per_head = packed ? preprocess_items_per_head(w.m_blocks * block_m) : 1;
   w.ready = take(size_t(batch * heads_q * ready_per_head) * sizeof(int));
   w.dq_arrivals = take(size_t(batch * heads_q * w.m_blocks) * sizeof(int));
@@ -98,7 +100,7 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t seqlen_q, int64_t
     w.split_tiles = int(tiles < kMaxSplitTiles ? tiles : kMaxSplitTiles);
   }
   w.split_arrivals = take(size_t(w.split_tiles) * sizeof(int));
-  w.split_sums = take(size_t(w.split_tiles) * split_tile_bytes(head_dim));
+  w.split_sums = take(size_t(w.split_tiles) * split_tile_bytes(head_dim, head_dim_v));
   w.bytes = offset;
   return w;
 }
@@ -107,10 +109,11 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t seqlen_q, int64_t
 // and of total_k keys; no split last wave (their kernel is the masked one,
 // bwd/dispatch.h).
 inline WorkspaceLayout packed_workspace_layout(int64_t batch, int64_t total_q, int64_t total_k, int64_t heads_q,
-                                               int64_t heads_kv, int64_t head_dim, bool deterministic) {
+                                               int64_t heads_kv, int64_t head_dim, int64_t head_dim_v,
+                                               bool deterministic) {
   int64_t const block_m = bwd_block_m(head_dim);
   return workspace_layout(1, packed_row_blocks(total_q, batch, block_m) * block_m, total_k, heads_q, heads_kv,
-                          head_dim, /*causal=*/true, deterministic, /*packed=*/true);
+                          head_dim, head_dim_v, /*causal=*/true, deterministic, /*packed=*/true);
 }
 
 // The preprocess's counter that covers a head's padded row `row`, and the
@@ -129,11 +132,12 @@ FLASH3_HOST_DEVICE ReadyCounter ready_counter(bool packed, int64_t batch_head, i
 
 // The layout of a call's workspace (the API's size query and the launch).
 inline WorkspaceLayout workspace_layout_of(BackwardArgs const& a) {
+  int64_t const head_dim_v = head_dim_v_of(a);
   if (a.varlen.cu_seqlens_q != nullptr) {
     return packed_workspace_layout(a.batch, a.varlen.total_q, a.varlen.total_k, a.heads_q, a.heads_kv, a.head_dim,
-                                   a.deterministic);
+                                   head_dim_v, a.deterministic);
   }
-  return workspace_layout(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim, a.causal,
+  return workspace_layout(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim, head_dim_v, a.causal,
                           a.deterministic);
 }
 
