@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -54,12 +55,24 @@ inline CudaDevice cuda_device() {
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
 
-// The (dtype, head dim, causal) shape sweeps: their parameters, and test
-// names such as bf16_d128_causal.
-using SweepParam = std::tuple<DType, int, bool>;
+// Q/K's head dim and V's: the same, or a pair of common/head_dims.inc.
+struct HeadDims {
+  int qk;
+  int v;
+  // V's as the arguments take it (ForwardArgs::head_dim_v): 0 when the same.
+  int v_arg() const { return v == qk ? 0 : v; }
+};
+inline void PrintTo(HeadDims const& h, std::ostream* os) { *os << "d" << h.qk << (h.v != h.qk ? "/" : "") << h.v; }
+// Every head dim both passes are built for, and the pair.
+inline constexpr HeadDims kHeadDims[] = {{64, 64}, {96, 96}, {128, 128}, {192, 192}, {256, 256}, {192, 128}};
+
+// The (dtype, head dims, causal) shape sweeps: their parameters, and test
+// names such as bf16_d128_causal and bf16_d192_v128.
+using SweepParam = std::tuple<DType, HeadDims, bool>;
 inline std::string sweep_name(::testing::TestParamInfo<SweepParam> const& info) {
-  return std::string(std::get<0>(info.param) == DType::kBF16 ? "bf16" : "fp16") + "_d" +
-         std::to_string(std::get<1>(info.param)) + (std::get<2>(info.param) ? "_causal" : "");
+  HeadDims const h = std::get<1>(info.param);
+  return std::string(std::get<0>(info.param) == DType::kBF16 ? "bf16" : "fp16") + "_d" + std::to_string(h.qk) +
+         (h.v != h.qk ? "_v" + std::to_string(h.v) : "") + (std::get<2>(info.param) ? "_causal" : "");
 }
 
 // Shapes drawn at random (fixed seeds, so a failure reproduces), for what
@@ -109,11 +122,13 @@ struct OptionCase {
   int window_left = -1, window_right = -1;
   float softcap = 0.f;
   bool sinks = false;
+  int head_dim_v = 0;  // V's, as ForwardArgs::head_dim_v
 };
 
 // Sliding windows (Forward.Windows, Backward.Windows): bounds of 0, inside a
 // block, across blocks, one side only, wider than the sequence; with causal;
-// unequal lengths (rows that see no key); every head dim and dtype, GQA.
+// unequal lengths (rows that see no key); every head dim (and pair) and
+// dtype, GQA.
 inline std::vector<OptionCase> window_cases() {
   struct W {
     int left, right;
@@ -123,10 +138,11 @@ inline std::vector<OptionCase> window_cases() {
                        {128, -1, true}, {5000, 5000, false}};
   std::vector<OptionCase> cases;
   for (DType dtype : {DType::kBF16, DType::kFP16}) {
-    for (int d : {64, 96, 128, 192, 256}) {
+    for (HeadDims const h : kHeadDims) {
       for (W const w : windows) {
         for (auto const [sq, sk] : {std::pair{700, 700}, std::pair{300, 900}, std::pair{900, 200}}) {
-          cases.push_back({dtype, d, w.causal, 2, sq, sk, 4, 2, w.left, w.right});
+          cases.push_back({dtype, h.qk, w.causal, 2, sq, sk, 4, 2, w.left, w.right});
+          cases.back().head_dim_v = h.v_arg();
         }
       }
     }
@@ -136,14 +152,17 @@ inline std::vector<OptionCase> window_cases() {
 
 // Softcapping (Forward.Softcap, Backward.Softcap): caps that bend the scores
 // (1.5, with scores of a few units) and that barely do (30), every head dim
-// and dtype, both masks, GQA; then with a window, and with sinks and rows
-// that see no key.
+// (and pair) and dtype, both masks, GQA; then with a window, and with sinks
+// and rows that see no key.
 inline std::vector<OptionCase> softcap_cases() {
   std::vector<OptionCase> cases;
   for (DType dtype : {DType::kBF16, DType::kFP16}) {
-    for (int d : {64, 96, 128, 192, 256}) {
+    for (HeadDims const h : kHeadDims) {
       for (float softcap : {1.5f, 30.f}) {
-        for (bool causal : {false, true}) cases.push_back({dtype, d, causal, 2, 300, 300, 4, 2, -1, -1, softcap});
+        for (bool causal : {false, true}) {
+          cases.push_back({dtype, h.qk, causal, 2, 300, 300, 4, 2, -1, -1, softcap});
+          cases.back().head_dim_v = h.v_arg();
+        }
       }
     }
   }

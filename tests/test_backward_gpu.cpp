@@ -34,6 +34,8 @@ namespace {
 using flash3::DType;
 using flash3::reference::AttentionShape;
 using flash3::testing::DeviceBuffer;
+using flash3::testing::HeadDims;
+using flash3::testing::kHeadDims;
 using flash3::testing::sweep_name;
 using flash3::testing::SweepParam;
 using flash3::testing::from_bits;
@@ -48,11 +50,13 @@ struct Case {
   bool sinks = false;   // a random sink per query head, and its gradient
   int window_left = -1, window_right = -1;
   float softcap = 0.f;
+  int head_dim_v = 0;  // V's, O's, dO's and dV's, as BackwardArgs::head_dim_v
 };
 
 std::string name(Case const& c) {
   return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(c.head_dim) +
-         (c.causal ? " causal" : "") + " b" + std::to_string(c.batch) + " sq" + std::to_string(c.seqlen_q) + " sk" +
+         (c.head_dim_v != 0 ? " dv" + std::to_string(c.head_dim_v) : "") + (c.causal ? " causal" : "") + " b" +
+         std::to_string(c.batch) + " sq" + std::to_string(c.seqlen_q) + " sk" +
          std::to_string(c.seqlen_k) + " h" + std::to_string(c.heads_q) + "/" + std::to_string(c.heads_kv) +
          (c.packed ? " packed" : "") + (c.sinks ? " sinks" : "") +
          (c.window_left >= 0 || c.window_right >= 0
@@ -68,6 +72,7 @@ Case with_options(flash3::testing::OptionCase const& o) {
   c.window_right = o.window_right;
   c.softcap = o.softcap;
   c.sinks = o.sinks;
+  c.head_dim_v = o.head_dim_v;
   return c;
 }
 
@@ -86,15 +91,20 @@ struct Grads {
 
 class BackwardCase {
  public:
+  // Q, K (and dQ, dK) of head dim d; V, O, dO (and dV) of dv. Packed: each
+  // row holds Q's, K's and V's heads, [h, d], [h, d], [h, dv].
   BackwardCase(Case const& c, uint32_t seed)
       : c_(c),
         d_(c.head_dim),
+        dv_(c.head_dim_v != 0 ? c.head_dim_v : c.head_dim),
         q_elems_(size_t(c.batch) * c.seqlen_q * c.heads_q * d_),
         kv_elems_(size_t(c.batch) * c.seqlen_k * c.heads_kv * d_),
-        in_(c.packed ? 3 * q_elems_ : q_elems_ + 2 * kv_elems_),
-        grad_(c.packed ? 3 * q_elems_ : q_elems_ + 2 * kv_elems_),
-        o_(q_elems_),
-        dout_(q_elems_),
+        v_elems_(size_t(c.batch) * c.seqlen_k * c.heads_kv * dv_),
+        o_elems_(size_t(c.batch) * c.seqlen_q * c.heads_q * dv_),
+        in_(inputs_elems()),
+        grad_(inputs_elems()),
+        o_(o_elems_),
+        dout_(o_elems_),
         lse_(size_t(c.batch) * c.heads_q * c.seqlen_q),
         sinks_(c.sinks ? c.heads_q : 0),
         dsinks_(c.sinks ? c.heads_q : 0) {
@@ -105,8 +115,8 @@ class BackwardCase {
       for (auto& x : host) x = to_bits(normal(rng), c.dtype);
       ok_ = ok_ && dst && cudaMemcpy(dst, host.data(), n * 2, cudaMemcpyHostToDevice) == cudaSuccess;
     };
-    upload(in_.ptr, c.packed ? 3 * q_elems_ : q_elems_ + 2 * kv_elems_);
-    upload(dout_.ptr, q_elems_);
+    upload(in_.ptr, inputs_elems());
+    upload(dout_.ptr, o_elems_);
     if (c.sinks) {
       std::vector<float> host(c.heads_q);
       for (float& x : host) x = 2.f * normal(rng);  // around the scores' size
@@ -118,7 +128,7 @@ class BackwardCase {
     v_ = view(in_.ptr, 2, false);
     dq_ = view(grad_.ptr, 0, true);
     dk_ = view(grad_.ptr, 1, false);
-    dv_ = view(grad_.ptr, 2, false);
+    dv_grad_ = view(grad_.ptr, 2, false);
   }
 
   bool ok() const { return ok_ && o_.ptr && lse_.ptr; }
@@ -132,6 +142,7 @@ class BackwardCase {
     a.heads_q = c_.heads_q;
     a.heads_kv = c_.heads_kv;
     a.head_dim = d_;
+    a.head_dim_v = c_.head_dim_v;
     a.causal = c_.causal;
     a.window_left = c_.window_left;
     a.window_right = c_.window_right;
@@ -139,12 +150,12 @@ class BackwardCase {
     a.q = q_.in();
     a.k = k_.in();
     a.v = v_.in();
-    a.o = flash3::contiguous<const void*>(o_.ptr, c_.seqlen_q, c_.heads_q, d_);
-    a.dout = flash3::contiguous<const void*>(dout_.ptr, c_.seqlen_q, c_.heads_q, d_);
+    a.o = flash3::contiguous<const void*>(o_.ptr, c_.seqlen_q, c_.heads_q, dv_);
+    a.dout = flash3::contiguous<const void*>(dout_.ptr, c_.seqlen_q, c_.heads_q, dv_);
     a.lse = lse_.ptr;
     a.dq = dq_.out();
     a.dk = dk_.out();
-    a.dv = dv_.out();
+    a.dv = dv_grad_.out();
     a.sinks = sinks_.ptr;
     a.dsinks = dsinks_.ptr;
     return a;
@@ -159,6 +170,7 @@ class BackwardCase {
     f.heads_q = c_.heads_q;
     f.heads_kv = c_.heads_kv;
     f.head_dim = d_;
+    f.head_dim_v = c_.head_dim_v;
     f.causal = c_.causal;
     f.window_left = c_.window_left;
     f.window_right = c_.window_right;
@@ -166,7 +178,7 @@ class BackwardCase {
     f.q = q_.in();
     f.k = k_.in();
     f.v = v_.in();
-    f.o = flash3::contiguous<void*>(o_.ptr, c_.seqlen_q, c_.heads_q, d_);
+    f.o = flash3::contiguous<void*>(o_.ptr, c_.seqlen_q, c_.heads_q, dv_);
     f.lse = lse_.ptr;
     f.sinks = sinks_.ptr;
     flash3::Status s = flash3::forward(f, nullptr);
@@ -214,12 +226,14 @@ class BackwardCase {
     shape.window_left = c_.window_left;
     shape.window_right = c_.window_right;
     shape.softcap = c_.softcap;
+    shape.head_dim_v = c_.head_dim_v;
     // Each run's buffer: dQ, dK, dV, then the sinks' gradient.
-    size_t const n = q_elems_ + 2 * kv_elems_ + (c_.sinks ? c_.heads_q : 0);
+    size_t const grads = q_elems_ + kv_elems_ + v_elems_;
+    size_t const n = grads + (c_.sinks ? c_.heads_q : 0);
     DeviceBuffer<float> ref(n), low(n), rounded_o(n);
     ASSERT_TRUE(ref.ptr && low.ptr && rounded_o.ptr);
-    flash3::ConstTensor dout = flash3::contiguous<const void*>(dout_.ptr, c_.seqlen_q, c_.heads_q, d_);
-    flash3::ConstTensor const o = flash3::contiguous<const void*>(o_.ptr, c_.seqlen_q, c_.heads_q, d_);
+    flash3::ConstTensor dout = flash3::contiguous<const void*>(dout_.ptr, c_.seqlen_q, c_.heads_q, dv_);
+    flash3::ConstTensor const o = flash3::contiguous<const void*>(o_.ptr, c_.seqlen_q, c_.heads_q, dv_);
     struct Run {
       float* buf;
       bool emulate;
@@ -228,7 +242,7 @@ class BackwardCase {
     for (Run const& r : {Run{ref.ptr, false, nullptr}, Run{low.ptr, true, nullptr}, Run{rounded_o.ptr, false, &o}}) {
       CUDA_OK(flash3::reference::attention_backward_gpu(
           shape, c_.dtype, q_.in(), k_.in(), v_.in(), dout, r.buf, r.buf + q_elems_, r.buf + q_elems_ + kv_elems_,
-          r.emulate, nullptr, r.o, sinks_.ptr, c_.sinks ? r.buf + q_elems_ + 2 * kv_elems_ : nullptr));
+          r.emulate, nullptr, r.o, sinks_.ptr, c_.sinks ? r.buf + grads : nullptr));
     }
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> h_ref(n), h_low(n), h_rounded_o(n);
@@ -239,10 +253,7 @@ class BackwardCase {
     compare("dQ", run.dq, h_ref.data() + at[0], h_low.data() + at[0], h_rounded_o.data() + at[0]);
     compare("dK", run.dk, h_ref.data() + at[1], h_low.data() + at[1], h_rounded_o.data() + at[1]);
     compare("dV", run.dv, h_ref.data() + at[2], h_low.data() + at[2], h_rounded_o.data() + at[2]);
-    if (c_.sinks) {
-      compare_sink_gradient(run.dsinks, h_ref.data() + q_elems_ + 2 * kv_elems_,
-                            h_rounded_o.data() + q_elems_ + 2 * kv_elems_);
-    }
+    if (c_.sinks) compare_sink_gradient(run.dsinks, h_ref.data() + grads, h_rounded_o.data() + grads);
   }
 
  private:
@@ -250,38 +261,43 @@ class BackwardCase {
     if (err == cudaSuccess) return {};
     return {flash3::Status::Code::kCudaError, std::string(what) + ": " + cudaGetErrorString(err)};
   }
+  size_t inputs_elems() const {
+    return c_.packed ? size_t(c_.batch) * c_.seqlen_q * c_.heads_q * (2 * d_ + dv_) : q_elems_ + kv_elems_ + v_elems_;
+  }
   void poison(cudaStream_t stream) {
-    cudaMemsetAsync(grad_.ptr, 0xff, (c_.packed ? 3 * q_elems_ : q_elems_ + 2 * kv_elems_) * 2, stream);
+    cudaMemsetAsync(grad_.ptr, 0xff, inputs_elems() * 2, stream);
     if (dsinks_.ptr) cudaMemsetAsync(dsinks_.ptr, 0xff, c_.heads_q * sizeof(float), stream);
   }
   flash3::Status download_grads(cudaStream_t stream, Grads& run) {
     flash3::Status const s = cuda_status("backward", cudaStreamSynchronize(stream));
     if (!s.ok()) return s;
-    run.dq = download(dq_, c_.seqlen_q, c_.heads_q);
-    run.dk = download(dk_, c_.seqlen_k, c_.heads_kv);
-    run.dv = download(dv_, c_.seqlen_k, c_.heads_kv);
+    run.dq = download(dq_, c_.seqlen_q, c_.heads_q, d_);
+    run.dk = download(dk_, c_.seqlen_k, c_.heads_kv, d_);
+    run.dv = download(dv_grad_, c_.seqlen_k, c_.heads_kv, dv_);
     run.dsinks.resize(dsinks_.ptr ? c_.heads_q : 0);
     if (dsinks_.ptr) cudaMemcpy(run.dsinks.data(), dsinks_.ptr, c_.heads_q * sizeof(float), cudaMemcpyDeviceToHost);
     return s;
   }
 
+  // Q (which 0), K (1) or V (2), or their gradients.
   Tensor view(uint16_t* base, int which, bool is_q) const {
     int64_t const heads = is_q ? c_.heads_q : c_.heads_kv;
     int64_t const seqlen = is_q ? c_.seqlen_q : c_.seqlen_k;
+    int64_t const dim = which == 2 ? dv_ : d_;
     if (c_.packed) {
-      int64_t const row = 3 * c_.heads_q * d_;
-      return {base + which * c_.heads_q * d_, row * c_.seqlen_q, row, d_};
+      int64_t const row = c_.heads_q * (2 * d_ + dv_);
+      return {base + which * c_.heads_q * d_, row * c_.seqlen_q, row, dim};
     }
-    uint16_t* start = base + (which == 0 ? 0 : q_elems_ + (which - 1) * kv_elems_);
-    return {start, seqlen * heads * d_, heads * d_, d_};
+    uint16_t* start = base + (which == 0 ? 0 : which == 1 ? q_elems_ : q_elems_ + kv_elems_);
+    return {start, seqlen * heads * dim, heads * dim, dim};
   }
 
-  std::vector<uint16_t> download(Tensor const& t, int64_t seqlen, int64_t heads) {
-    std::vector<uint16_t> out(size_t(c_.batch) * seqlen * heads * d_);
+  std::vector<uint16_t> download(Tensor const& t, int64_t seqlen, int64_t heads, int64_t dim) {
+    std::vector<uint16_t> out(size_t(c_.batch) * seqlen * heads * dim);
     for (int64_t b = 0; b < c_.batch; ++b) {
       for (int64_t s = 0; s < seqlen; ++s) {
-        cudaMemcpy2D(out.data() + ((b * seqlen + s) * heads) * d_, d_ * 2,
-                     t.data + b * t.batch_stride + s * t.seq_stride, t.head_stride * 2, d_ * 2, heads,
+        cudaMemcpy2D(out.data() + ((b * seqlen + s) * heads) * dim, dim * 2,
+                     t.data + b * t.batch_stride + s * t.seq_stride, t.head_stride * 2, dim * 2, heads,
                      cudaMemcpyDeviceToHost);
       }
     }
@@ -318,11 +334,11 @@ class BackwardCase {
   }
 
   Case c_;
-  int64_t d_;
-  size_t q_elems_, kv_elems_;
+  int64_t d_, dv_;
+  size_t q_elems_, kv_elems_, v_elems_, o_elems_;
   DeviceBuffer<uint16_t> in_, grad_, o_, dout_;
   DeviceBuffer<float> lse_, sinks_, dsinks_;
-  Tensor q_{}, k_{}, v_{}, dq_{}, dk_{}, dv_{};
+  Tensor q_{}, k_{}, v_{}, dq_{}, dk_{}, dv_grad_{};
   bool ok_ = true;
 };
 
@@ -344,7 +360,8 @@ class Backward : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(Backward, ShapeSweep) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  auto [dtype, d, causal] = GetParam();
+  auto [dtype, h, causal] = GetParam();
+  int const d = h.qk;
   std::vector<Case> cases = {
       {dtype, d, causal, 2, 1, 1, 4, 4},       {dtype, d, causal, 2, 7, 7, 4, 4},
       {dtype, d, causal, 1, 113, 113, 8, 2},   {dtype, d, causal, 2, 255, 255, 8, 8},
@@ -354,12 +371,15 @@ TEST_P(Backward, ShapeSweep) {
       {dtype, d, causal, 2, 255, 255, 4, 4, true},
   };
   uint32_t seed = 4321 + d + (causal ? 1 : 0);
-  for (Case const& c : cases) run_case(c, seed++);
+  for (Case c : cases) {
+    c.head_dim_v = h.v_arg();
+    run_case(c, seed++);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Backward,
                          ::testing::Combine(::testing::Values(DType::kBF16, DType::kFP16),
-                                            ::testing::Values(64, 96, 128, 192, 256), ::testing::Bool()),
+                                            ::testing::ValuesIn(kHeadDims), ::testing::Bool()),
                          sweep_name);
 
 // Runs the case's forward pass. False where it failed, or where a narrowed
@@ -513,16 +533,17 @@ TEST(Backward, NoKeyGivesZeroQueryGradients) {
 }
 
 // Shapes drawn at random (gpu_test_util.h), besides the sweep's.
-// Attention sinks: every head dim and dtype, GQA, and causal rows that see
-// only their sink (nothing added to its gradient).
+// Attention sinks: every head dim (and pair) and dtype, GQA, and causal rows
+// that see only their sink (nothing added to its gradient).
 TEST(Backward, Sinks) {
   SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 700;
   for (DType dtype : {DType::kBF16, DType::kFP16}) {
-    for (int d : {64, 96, 128, 192, 256}) {
+    for (HeadDims const h : kHeadDims) {
       for (bool causal : {false, true}) {
-        Case c{dtype, d, causal, 2, 300, 300, 4, 2};
+        Case c{dtype, h.qk, causal, 2, 300, 300, 4, 2};
         c.sinks = true;
+        c.head_dim_v = h.v_arg();
         run_case(c, seed++);
       }
     }

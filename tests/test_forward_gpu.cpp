@@ -27,6 +27,8 @@ namespace {
 using flash3::DType;
 using flash3::reference::AttentionShape;
 using flash3::testing::DeviceBuffer;
+using flash3::testing::HeadDims;
+using flash3::testing::kHeadDims;
 using flash3::testing::sweep_name;
 using flash3::testing::SweepParam;
 using flash3::testing::from_bits;
@@ -46,11 +48,13 @@ struct Case {
   bool sinks = false;  // a random sink per query head (ForwardArgs::sinks)
   int window_left = -1, window_right = -1;
   float softcap = 0.f;
+  int head_dim_v = 0;  // V's and O's, as ForwardArgs::head_dim_v
 };
 
 std::string name(Case const& c) {
   return std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(c.head_dim) +
-         (c.causal ? " causal" : "") + " b" + std::to_string(c.batch) + " sq" + std::to_string(c.seqlen_q) + " sk" +
+         (c.head_dim_v != 0 ? " dv" + std::to_string(c.head_dim_v) : "") + (c.causal ? " causal" : "") + " b" +
+         std::to_string(c.batch) + " sq" + std::to_string(c.seqlen_q) + " sk" +
          std::to_string(c.seqlen_k) + " h" + std::to_string(c.heads_q) + "/" + std::to_string(c.heads_kv) +
          (c.packed_qkv ? " packed" : "") + (c.sinks ? " sinks" : "") +
          (c.window_left >= 0 || c.window_right >= 0
@@ -66,12 +70,13 @@ Case with_options(flash3::testing::OptionCase const& o) {
   c.window_right = o.window_right;
   c.softcap = o.softcap;
   c.sinks = o.sinks;
+  c.head_dim_v = o.head_dim_v;
   return c;
 }
 
 void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) {
   SCOPED_TRACE(name(c));
-  int64_t const d = c.head_dim;
+  int64_t const d = c.head_dim, dv = c.head_dim_v != 0 ? c.head_dim_v : d;
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
 
@@ -84,24 +89,29 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
   a.heads_q = c.heads_q;
   a.heads_kv = c.heads_kv;
   a.head_dim = d;
+  a.head_dim_v = c.head_dim_v;
   a.causal = c.causal;
   a.window_left = c.window_left;
   a.window_right = c.window_right;
   a.softcap = c.softcap;
   a.options = options;
 
+  // Q and K of head dim d; V and O of dv.
   size_t const q_batch = size_t(c.seqlen_q) * c.heads_q * d;
   size_t const kv_batch = size_t(c.seqlen_k) * c.heads_kv * d;
-  size_t const q_elems = c.batch * q_batch;
-  size_t const kv_elems = c.batch * kv_batch;
+  size_t const v_batch = size_t(c.seqlen_k) * c.heads_kv * dv;
+  size_t const o_batch = size_t(c.seqlen_q) * c.heads_q * dv;
+  size_t const o_elems = c.batch * o_batch;
   size_t const lse_elems = size_t(c.batch) * c.heads_q * c.seqlen_q;
   // Each tensor in its own buffer, batch b at b * (dense batch + gap); packed
-  // QKV shares one buffer with interleaved rows.
+  // QKV shares one buffer with interleaved rows (each [h, d], [h, d], [h, dv]).
   auto span = [&](size_t per_batch) { return (c.batch - 1) * (per_batch + c.batch_gap) + per_batch; };
-  DeviceBuffer<uint16_t> qkv(c.packed_qkv ? 3 * q_elems : 0);
+  int64_t const packed_row = c.heads_q * (2 * d + dv);
+  size_t const packed_batch = size_t(c.seqlen_q) * packed_row;
+  DeviceBuffer<uint16_t> qkv(c.packed_qkv ? c.batch * packed_batch : 0);
   DeviceBuffer<uint16_t> q(c.packed_qkv ? 0 : span(q_batch)), k(c.packed_qkv ? 0 : span(kv_batch)),
-      v(c.packed_qkv ? 0 : span(kv_batch)), o(span(q_batch));
-  DeviceBuffer<float> lse(lse_elems), ref_o(q_elems), ref_lse(lse_elems), low_o(q_elems);
+      v(c.packed_qkv ? 0 : span(v_batch)), o(span(o_batch));
+  DeviceBuffer<float> lse(lse_elems), ref_o(o_elems), ref_lse(lse_elems), low_o(o_elems);
   ASSERT_TRUE(o.ptr && lse.ptr && ref_o.ptr && ref_lse.ptr && low_o.ptr);
   auto upload_random = [&](uint16_t* dst, size_t per_batch, int64_t stride, float growth = 0.f) {
     std::vector<uint16_t> host(per_batch);
@@ -116,28 +126,27 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
   };
   if (c.packed_qkv) {
     ASSERT_NE(qkv.ptr, nullptr);
-    upload_random(qkv.ptr, 3 * q_batch, 3 * q_batch);
-    int64_t const row = 3 * c.heads_q * d;
-    auto view = [&](int which) {
-      return flash3::ConstTensor{qkv.ptr + which * c.heads_q * d, row * c.seqlen_q, row, d, 1};
+    upload_random(qkv.ptr, packed_batch, packed_batch);
+    auto view = [&](int64_t offset, int64_t dim) {
+      return flash3::ConstTensor{qkv.ptr + offset, int64_t(packed_batch), packed_row, dim, 1};
     };
-    a.q = view(0);
-    a.k = view(1);
-    a.v = view(2);
+    a.q = view(0, d);
+    a.k = view(c.heads_q * d, d);
+    a.v = view(2 * c.heads_q * d, dv);
   } else {
     ASSERT_TRUE(q.ptr && k.ptr && v.ptr);
     upload_random(q.ptr, q_batch, q_batch + c.batch_gap);
     upload_random(k.ptr, kv_batch, kv_batch + c.batch_gap, c.k_growth);
-    upload_random(v.ptr, kv_batch, kv_batch + c.batch_gap);
+    upload_random(v.ptr, v_batch, v_batch + c.batch_gap);
     a.q = {q.ptr, int64_t(q_batch) + c.batch_gap, c.heads_q * d, d, 1};
     a.k = {k.ptr, int64_t(kv_batch) + c.batch_gap, c.heads_kv * d, d, 1};
-    a.v = {v.ptr, int64_t(kv_batch) + c.batch_gap, c.heads_kv * d, d, 1};
+    a.v = {v.ptr, int64_t(v_batch) + c.batch_gap, c.heads_kv * dv, dv, 1};
   }
-  int64_t const o_stride = int64_t(q_batch) + c.batch_gap;
+  int64_t const o_stride = int64_t(o_batch) + c.batch_gap;
   // Poison: an element the kernel does not write reads back as NaN.
-  for (int64_t b = 0; b < c.batch; ++b) CUDA_OK(cudaMemset(o.ptr + b * o_stride, 0xff, q_batch * 2));
+  for (int64_t b = 0; b < c.batch; ++b) CUDA_OK(cudaMemset(o.ptr + b * o_stride, 0xff, o_batch * 2));
   CUDA_OK(cudaMemset(lse.ptr, 0xff, lse_elems * 4));
-  a.o = {o.ptr, o_stride, c.heads_q * d, d, 1};
+  a.o = {o.ptr, o_stride, c.heads_q * dv, dv, 1};
   a.lse = lse.ptr;
   // Sinks around the scores' own size, some above every score of a row.
   DeviceBuffer<float> sinks(c.sinks ? c.heads_q : 0);
@@ -157,20 +166,21 @@ void run_case(Case const& c, uint32_t seed, flash3::KernelOptions options = {}) 
   shape.window_left = c.window_left;
   shape.window_right = c.window_right;
   shape.softcap = c.softcap;
+  shape.head_dim_v = c.head_dim_v;
   CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, ref_o.ptr, ref_lse.ptr, false, nullptr,
                                            a.sinks));
   CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, low_o.ptr, nullptr, true, nullptr, a.sinks));
   CUDA_OK(cudaDeviceSynchronize());
 
-  std::vector<uint16_t> h_o(q_elems);
-  std::vector<float> h_lse(lse_elems), h_ref(q_elems), h_ref_lse(lse_elems), h_low(q_elems);
+  std::vector<uint16_t> h_o(o_elems);
+  std::vector<float> h_lse(lse_elems), h_ref(o_elems), h_ref_lse(lse_elems), h_low(o_elems);
   for (int64_t b = 0; b < c.batch; ++b) {
-    CUDA_OK(cudaMemcpy(h_o.data() + b * q_batch, o.ptr + b * o_stride, q_batch * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(h_o.data() + b * o_batch, o.ptr + b * o_stride, o_batch * 2, cudaMemcpyDeviceToHost));
   }
   CUDA_OK(cudaMemcpy(h_lse.data(), lse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(h_ref.data(), ref_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_ref.data(), ref_o.ptr, o_elems * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(h_ref_lse.data(), ref_lse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(h_low.data(), low_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_low.data(), low_o.ptr, o_elems * 4, cudaMemcpyDeviceToHost));
 
   flash3::testing::expect_forward_close(h_o, c.dtype, h_ref, h_low, h_lse, h_ref_lse, [](size_t) { return 0.0; });
 }
@@ -179,7 +189,8 @@ class Forward : public ::testing::TestWithParam<SweepParam> {};
 
 TEST_P(Forward, ShapeSweep) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  auto [dtype, d, causal] = GetParam();
+  auto [dtype, h, causal] = GetParam();
+  int const d = h.qk;
   std::vector<Case> cases = {
       {dtype, d, causal, 2, 1, 1, 4, 4, false},          {dtype, d, causal, 2, 7, 7, 4, 4, false},
       {dtype, d, causal, 1, 113, 113, 8, 2, false},      {dtype, d, causal, 2, 255, 255, 8, 8, false},
@@ -189,12 +200,15 @@ TEST_P(Forward, ShapeSweep) {
       {dtype, d, causal, 2, 255, 255, 4, 4, true},
   };
   uint32_t seed = 1234 + d + (causal ? 1 : 0);
-  for (Case const& c : cases) run_case(c, seed++);
+  for (Case c : cases) {
+    c.head_dim_v = h.v_arg();
+    run_case(c, seed++);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Forward,
                          ::testing::Combine(::testing::Values(DType::kBF16, DType::kFP16),
-                                            ::testing::Values(64, 96, 128, 192, 256), ::testing::Bool()),
+                                            ::testing::ValuesIn(kHeadDims), ::testing::Bool()),
                          sweep_name);
 
 TEST(ForwardAblation, SameResultWithEachTechniqueOff) {
@@ -432,16 +446,17 @@ TEST(Forward, RandomShapes) {
 // tile. Every warpgroup sits it out; Q's load must still be waited for, or
 // the CTA can exit with it in flight ("unspecified launch failure",
 // synccheck's "Missing wait").
-// Attention sinks: every head dim and dtype, GQA, and causal rows that see
-// only their sink (O = 0, LSE = sink).
+// Attention sinks: every head dim (and pair) and dtype, GQA, and causal rows
+// that see only their sink (O = 0, LSE = sink).
 TEST(Forward, Sinks) {
   SKIP_WITHOUT_CUDA_DEVICE();
   uint32_t seed = 600;
   for (DType dtype : {DType::kBF16, DType::kFP16}) {
-    for (int d : {64, 96, 128, 192, 256}) {
+    for (HeadDims const h : kHeadDims) {
       for (bool causal : {false, true}) {
-        Case c{dtype, d, causal, 2, 300, 300, 4, 2, false};
+        Case c{dtype, h.qk, causal, 2, 300, 300, 4, 2, false};
         c.sinks = true;
+        c.head_dim_v = h.v_arg();
         run_case(c, seed++);
       }
     }
@@ -483,13 +498,16 @@ struct VarlenCase {
   bool seqused = false;  // 5 packed rows past each sequence's used ones
   int window_left = -1;
   float softcap = 0.f;
+  int head_dim_v = 0;  // as ForwardArgs::head_dim_v
 };
 
 void run_varlen(VarlenCase const& c, uint32_t seed) {
   int const batch = int(c.len_q.size()), d = c.head_dim, pad = c.seqused ? 5 : 0;
+  int const dv = c.head_dim_v != 0 ? c.head_dim_v : d;
   SCOPED_TRACE(std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(d) +
-               (c.causal ? " causal" : "") + " batch " + std::to_string(batch) + (c.seqused ? " seqused" : "") +
-               (c.window_left >= 0 ? " window" : "") + (c.softcap > 0 ? " softcap" : ""));
+               (dv != d ? " dv" + std::to_string(dv) : "") + (c.causal ? " causal" : "") + " batch " +
+               std::to_string(batch) + (c.seqused ? " seqused" : "") + (c.window_left >= 0 ? " window" : "") +
+               (c.softcap > 0 ? " softcap" : ""));
   std::vector<int32_t> cu_q{0}, cu_k{0};
   for (int b = 0; b < batch; ++b) {
     cu_q.push_back(cu_q.back() + c.len_q[b] + pad);
@@ -497,6 +515,7 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   }
   int const total_q = cu_q.back(), total_k = cu_k.back(), hq = c.heads_q, hkv = c.heads_kv;
   size_t const q_elems = size_t(total_q) * hq * d, kv_elems = size_t(total_k) * hkv * d;
+  size_t const v_elems = size_t(total_k) * hkv * dv, o_elems = size_t(total_q) * hq * dv;
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   auto random = [&](size_t n) {
@@ -504,18 +523,18 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
     for (auto& x : h) x = to_bits(normal(rng), c.dtype);
     return h;
   };
-  DeviceBuffer<uint16_t> q(q_elems), k(std::max<size_t>(kv_elems, 1)), v(std::max<size_t>(kv_elems, 1)), o(q_elems);
-  DeviceBuffer<float> lse(size_t(hq) * total_q), ref_o(q_elems), low_o(q_elems), ref_lse(size_t(hq) * total_q);
+  DeviceBuffer<uint16_t> q(q_elems), k(std::max<size_t>(kv_elems, 1)), v(std::max<size_t>(v_elems, 1)), o(o_elems);
+  DeviceBuffer<float> lse(size_t(hq) * total_q), ref_o(o_elems), low_o(o_elems), ref_lse(size_t(hq) * total_q);
   DeviceBuffer<int32_t> d_cu_q(batch + 1), d_cu_k(batch + 1), d_used_q(batch), d_used_k(batch);
   for (auto [dst, host] : {std::pair{q.ptr, random(q_elems)}, std::pair{k.ptr, random(kv_elems)},
-                           std::pair{v.ptr, random(kv_elems)}}) {
+                           std::pair{v.ptr, random(v_elems)}}) {
     CUDA_OK(cudaMemcpy(dst, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
   }
   CUDA_OK(cudaMemcpy(d_cu_q.ptr, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d_cu_k.ptr, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d_used_q.ptr, c.len_q.data(), batch * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d_used_k.ptr, c.len_k.data(), batch * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(o.ptr, 0xff, q_elems * 2));  // poison: rows not written stay NaN
+  CUDA_OK(cudaMemset(o.ptr, 0xff, o_elems * 2));  // poison: rows not written stay NaN
   CUDA_OK(cudaMemset(lse.ptr, 0xff, size_t(hq) * total_q * 4));
 
   flash3::ForwardArgs a;
@@ -526,13 +545,14 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   a.heads_q = hq;
   a.heads_kv = hkv;
   a.head_dim = d;
+  a.head_dim_v = c.head_dim_v;
   a.causal = c.causal;
   a.window_left = c.window_left;
   a.softcap = c.softcap;
   a.q = {q.ptr, 0, int64_t(hq) * d, d, 1};
   a.k = {k.ptr, 0, int64_t(hkv) * d, d, 1};
-  a.v = {v.ptr, 0, int64_t(hkv) * d, d, 1};
-  a.o = {o.ptr, 0, int64_t(hq) * d, d, 1};
+  a.v = {v.ptr, 0, int64_t(hkv) * dv, dv, 1};
+  a.o = {o.ptr, 0, int64_t(hq) * dv, dv, 1};
   a.lse = lse.ptr;
   a.varlen = {d_cu_q.ptr, d_cu_k.ptr, c.seqused ? d_used_q.ptr : nullptr, c.seqused ? d_used_k.ptr : nullptr,
               total_q, total_k};
@@ -546,33 +566,36 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
     AttentionShape shape{1, c.len_q[b], c.len_k[b], hq, hkv, d, 0.f, c.causal};
     shape.window_left = c.window_left;
     shape.softcap = c.softcap;
-    auto view = [&](uint16_t* base, int row, int heads) {
-      return flash3::ConstTensor{base + size_t(row) * heads * d, 0, int64_t(heads) * d, d, 1};
+    shape.head_dim_v = c.head_dim_v;
+    auto view = [&](uint16_t* base, int row, int heads, int dim) {
+      return flash3::ConstTensor{base + size_t(row) * heads * dim, 0, int64_t(heads) * dim, dim, 1};
     };
     DeviceBuffer<float> seq_lse(size_t(hq) * std::max(c.len_q[b], 1));
-    size_t const at = size_t(cu_q[b]) * hq * d;
-    CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, view(q.ptr, cu_q[b], hq), view(k.ptr, cu_k[b], hkv),
-                                             view(v.ptr, cu_k[b], hkv), ref_o.ptr + at, seq_lse.ptr, false, nullptr));
-    CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, view(q.ptr, cu_q[b], hq), view(k.ptr, cu_k[b], hkv),
-                                             view(v.ptr, cu_k[b], hkv), low_o.ptr + at, nullptr, true, nullptr));
+    size_t const at = size_t(cu_q[b]) * hq * dv;
+    CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, view(q.ptr, cu_q[b], hq, d),
+                                             view(k.ptr, cu_k[b], hkv, d), view(v.ptr, cu_k[b], hkv, dv),
+                                             ref_o.ptr + at, seq_lse.ptr, false, nullptr));
+    CUDA_OK(flash3::reference::attention_gpu(shape, c.dtype, view(q.ptr, cu_q[b], hq, d),
+                                             view(k.ptr, cu_k[b], hkv, d), view(v.ptr, cu_k[b], hkv, dv),
+                                             low_o.ptr + at, nullptr, true, nullptr));
     for (int h = 0; h < hq && c.len_q[b] > 0; ++h) {
       CUDA_OK(cudaMemcpy(ref_lse.ptr + size_t(h) * total_q + cu_q[b], seq_lse.ptr + size_t(h) * c.len_q[b],
                          c.len_q[b] * 4, cudaMemcpyDeviceToDevice));
     }
   }
   CUDA_OK(cudaDeviceSynchronize());
-  std::vector<uint16_t> h_o(q_elems);
-  std::vector<float> h_lse(size_t(hq) * total_q), h_ref(q_elems), h_low(q_elems), h_ref_lse(size_t(hq) * total_q);
-  CUDA_OK(cudaMemcpy(h_o.data(), o.ptr, q_elems * 2, cudaMemcpyDeviceToHost));
+  std::vector<uint16_t> h_o(o_elems);
+  std::vector<float> h_lse(size_t(hq) * total_q), h_ref(o_elems), h_low(o_elems), h_ref_lse(size_t(hq) * total_q);
+  CUDA_OK(cudaMemcpy(h_o.data(), o.ptr, o_elems * 2, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(h_lse.data(), lse.ptr, h_lse.size() * 4, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(h_ref.data(), ref_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(h_low.data(), low_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_ref.data(), ref_o.ptr, o_elems * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(h_low.data(), low_o.ptr, o_elems * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(h_ref_lse.data(), ref_lse.ptr, h_ref_lse.size() * 4, cudaMemcpyDeviceToHost));
 
   // The used rows, compared; the rows past seqused, still poisoned.
   std::vector<uint16_t> used_o;
   std::vector<float> used_ref, used_low, used_lse, used_ref_lse;
-  size_t const row = size_t(hq) * d;
+  size_t const row = size_t(hq) * dv;
   for (int b = 0; b < batch; ++b) {
     for (int i = 0; i < c.len_q[b] + pad; ++i) {
       size_t const r = size_t(cu_q[b] + i);
@@ -606,18 +629,26 @@ TEST(Forward, Varlen) {
   std::vector<int> const len_q{300, 0, 1, 129, 1000, 64, 77}, len_k{250, 40, 0, 700, 1000, 64, 300};
   uint32_t seed = 1300;
   for (DType dtype : {DType::kBF16, DType::kFP16}) {
-    for (int d : {64, 96, 128, 192, 256}) {
-      for (bool causal : {false, true}) run_varlen({dtype, d, causal, len_q, len_k}, seed++);
+    for (HeadDims const h : kHeadDims) {
+      for (bool causal : {false, true}) {
+        VarlenCase c{dtype, h.qk, causal, len_q, len_k};
+        c.head_dim_v = h.v_arg();
+        run_varlen(c, seed++);
+      }
     }
   }
   // Equal lengths, as a fixed-length batch would hold them; one sequence.
   run_varlen({DType::kBF16, 128, true, {512, 512, 512}, {512, 512, 512}}, seed++);
   run_varlen({DType::kBF16, 128, false, {3000}, {2000}}, seed++);
-  // seqused below the packed lengths; a window and softcapping; MQA.
+  // seqused below the packed lengths; a window and softcapping; MQA; the
+  // pair 192 / 128 with each.
   for (bool causal : {false, true}) {
     run_varlen({DType::kBF16, 128, causal, len_q, len_k, 4, 2, true}, seed++);
     run_varlen({DType::kFP16, 64, causal, len_q, len_k, 4, 2, false, 90, 2.f}, seed++);
     run_varlen({DType::kBF16, 256, causal, len_q, len_k, 8, 1}, seed++);
+    run_varlen({DType::kBF16, 192, causal, len_q, len_k, 4, 2, true, -1, 0.f, 128}, seed++);
+    run_varlen({DType::kFP16, 192, causal, len_q, len_k, 4, 2, false, 90, 2.f, 128}, seed++);
+    run_varlen({DType::kBF16, 192, causal, len_q, len_k, 8, 1, false, -1, 0.f, 128}, seed++);
   }
 }
 

@@ -124,10 +124,12 @@ std::set<std::pair<int, int>> forward_tiles() {
   for (bool fp8 : {false, true}) {
     for (int d : {64, 96, 128, 192, 256}) {
       if (fp8 && (d == 96 || d == 192)) continue;
-      flash3::fwd::TileSize const t = flash3::fwd::tile_size(d, fp8);
+      flash3::fwd::TileSize const t = flash3::fwd::tile_size(d, d, fp8);
       tiles.insert({t.block_m, t.block_n});
     }
   }
+  flash3::fwd::TileSize const pair = flash3::fwd::tile_size(192, 128, false);  // V's head dim of its own
+  tiles.insert({pair.block_m, pair.block_n});
   return tiles;
 }
 
@@ -384,7 +386,7 @@ TEST(RegisterSplit, FitsTheLaunchAllocation) {
 TEST(Fp8ScaleBlocks, WholeTiles) {
   for (int d : {64, 128, 256}) {
     flash3::fwd::Fp8ScaleBlocks const b = flash3::fwd::fp8_scale_blocks(d);
-    flash3::fwd::TileSize const t = flash3::fwd::tile_size(d, true);
+    flash3::fwd::TileSize const t = flash3::fwd::tile_size(d, d, true);
     EXPECT_EQ(b.q, t.block_m) << d;
     EXPECT_EQ(b.kv % t.block_n, 0) << d;
   }

@@ -178,10 +178,10 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     params.scheduler = {int(tiles), n_blocks, int(a.heads_q), a.deterministic, split};
     auto& mp = params.mainloop;
     using MainloopT = typename KernelT::MainloopT;
-    auto const q = gmem_tensor<Traits>(a.q, e.rows_q, a.heads_q, e.entries);
-    auto const dout = gmem_tensor<Traits>(a.dout, e.rows_q, a.heads_q, e.entries);
-    auto const k = gmem_tensor<Traits>(a.k, e.rows_k, a.heads_kv, e.entries);
-    auto const v = gmem_tensor<Traits>(a.v, e.rows_k, a.heads_kv, e.entries);
+    auto const q = gmem_tensor<Traits::kHeadDim, Element>(a.q, e.rows_q, a.heads_q, e.entries);
+    auto const dout = gmem_tensor<Traits::kHeadDim, Element>(a.dout, e.rows_q, a.heads_q, e.entries);
+    auto const k = gmem_tensor<Traits::kHeadDim, Element>(a.k, e.rows_k, a.heads_kv, e.entries);
+    auto const v = gmem_tensor<Traits::kHeadDim, Element>(a.v, e.rows_k, a.heads_kv, e.entries);
     auto const tile_md = Shape<typename Traits::M, typename Traits::D>{};
     auto const tile_nd = Shape<typename Traits::N, typename Traits::D>{};
     mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{}), tile_md, _1{});
@@ -217,8 +217,8 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     auto& ep = params.epilogue;
     // MHA: TMA stores to dK, dV. GQA: fp32 per query head to the workspace
     // (the descriptors still need a valid tensor: dK's own).
-    auto const dk = gmem_tensor<Traits>(a.dk, e.rows_k, a.heads_kv, e.entries);
-    auto const dv = gmem_tensor<Traits>(a.dv, e.rows_k, a.heads_kv, e.entries);
+    auto const dk = gmem_tensor<Traits::kHeadDim, Element>(a.dk, e.rows_k, a.heads_kv, e.entries);
+    auto const dv = gmem_tensor<Traits::kHeadDim, Element>(a.dv, e.rows_k, a.heads_kv, e.entries);
     using SmemLayoutdKV = typename KernelT::EpilogueT::SmemLayoutdKV;
     ep.tma_dk = make_tma_copy(SM90_TMA_STORE{}, dk, SmemLayoutdKV{}, tile_nd, _1{});
     ep.tma_dv = make_tma_copy(SM90_TMA_STORE{}, dv, SmemLayoutdKV{}, tile_nd, _1{});

@@ -19,9 +19,9 @@ inline int64_t tma_stride(int64_t extent, int64_t stride, int64_t head_dim) {
   return extent == 1 ? head_dim : stride;
 }
 
-template <class Traits, class Pointer, class Element = typename Traits::Element>
+// A tensor of kHeadDim columns (Q's, or V's where it has its own) of Element.
+template <int kHeadDim, class Element, class Pointer>
 auto gmem_tensor(TensorRef<Pointer> const& t, int64_t seqlen, int64_t heads, int64_t batch) {
-  constexpr int kHeadDim = Traits::kHeadDim;
   using Ptr = std::conditional_t<std::is_const_v<std::remove_pointer_t<Pointer>>, Element const*, Element*>;
   // A sequence of length 0 (no keys) still needs a valid descriptor; no tile reads it.
   int32_t const rows = int32_t(std::max<int64_t>(seqlen, 1));

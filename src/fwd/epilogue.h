@@ -26,7 +26,6 @@ template <class Traits_>
 struct Epilogue {
   using Traits = Traits_;
   using Element = typename Traits::ElementO;
-  static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kNumConsumerThreads = Traits::kNumConsumerThreads;
   using TileShapePV = typename Traits::TileShapePV;
@@ -41,8 +40,9 @@ struct Epilogue {
   using SmemLayoutOStore = typename Traits::SmemLayoutOStore;
   using SharedStorage = typename Traits::SharedStorage;
 
-  using GmemShape = typename Traits::GmemShape;
-  using GmemTensor = typename Traits::template GmemTensor<Element>;
+  // O has V's head dim.
+  using GmemShape = typename Traits::template GmemShapeOf<Traits::kHeadDimV>;
+  using GmemTensor = typename Traits::template GmemTensor<Element, Traits::kHeadDimV>;
   using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutOStore{}, TileShapeOStore{}, _1{}));
 
   struct Params {

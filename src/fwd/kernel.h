@@ -64,7 +64,7 @@ struct Kernel {
     }
     int const warp_group = cutlass::canonical_warp_group_idx();
     int const warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
-    return PipelinesT(smem, warp_group, warp_in_group, MainloopT::kKVBytes, MainloopT::kQBytes);
+    return PipelinesT(smem, warp_group, warp_in_group, MainloopT::kQBytes, MainloopT::kKBytes, MainloopT::kVBytes);
   }
 
   CUTE_DEVICE static void run(Params const& params, char* smem_buf) {
@@ -147,7 +147,7 @@ struct Kernel {
   CUTE_DEVICE static void transposer(Params const& params, SharedStorage& smem, PipelinesT& pipes) {
     if constexpr (Traits::kFp8) {
       int const thread_idx = threadIdx.x - cutlass::NumThreadsPerWarp;
-      constexpr uint32_t kStageBytes = Traits::kBlockN * Traits::kHeadDim;  // one byte per element
+      constexpr uint32_t kStageBytes = Traits::kBlockN * Traits::kHeadDimV;  // one byte per element
       char* const v = reinterpret_cast<char*>(smem.v.data());
       char* const vt = reinterpret_cast<char*>(smem.vt.data());
       int const num_tiles = Scheduler::num_tiles(params.scheduler);

@@ -55,20 +55,23 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   int64_t const entries = packed ? 1 : a.batch;
   int const row_offset =
       packed ? 0 : first_tile_row_offset(a.seqlen_q, Traits::kBlockM, Traits::kPartialTileFirst);
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim, kHeadDimV = Traits::kHeadDimV;
   params.mainloop = KernelT::MainloopT::make_params(
-      gmem_tensor<Traits>(a.q, rows_q, a.heads_q, entries), gmem_tensor<Traits>(a.k, rows_k, a.heads_kv, entries),
-      gmem_tensor<Traits>(a.v, rows_k, a.heads_kv, entries), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
+      gmem_tensor<kHeadDim, Element>(a.q, rows_q, a.heads_q, entries),
+      gmem_tensor<kHeadDim, Element>(a.k, rows_k, a.heads_kv, entries),
+      gmem_tensor<kHeadDimV, Element>(a.v, rows_k, a.heads_kv, entries), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
       int(a.seqlen_k), lengths, row_offset,
       window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k), scale, softcap_of(a.softcap, scale),
       q_scale, k_scale, v_scale);
   params.epilogue = Epilogue<Traits>::make_params(
-      gmem_tensor<Traits, void*, typename Traits::ElementO>(a.o, rows_q, a.heads_q, entries), a.lse, a.sinks,
+      gmem_tensor<kHeadDimV, typename Traits::ElementO>(a.o, rows_q, a.heads_q, entries), a.lse, a.sinks,
       int(a.seqlen_q), int(a.heads_q), row_offset, lengths, int(rows_q));
 
   int const num_m_blocks = int((a.seqlen_q + row_offset + Traits::kBlockM - 1) / Traits::kBlockM);
   // K and V bytes one query head reads, shared by the heads of its GQA group.
-  int64_t const kv_bytes = 2 * a.seqlen_k * a.head_dim * int64_t(sizeof(typename Traits::Element)) /
-                           (a.heads_q / a.heads_kv);
+  int64_t const key_bytes = (kHeadDim + kHeadDimV) * int64_t(sizeof(Element));
+  int64_t const kv_bytes = a.seqlen_k * key_bytes / (a.heads_q / a.heads_kv);
   auto kernel = forward_kernel<KernelT>;
   cudaError_t err = allow_dynamic_smem<forward_kernel<KernelT>>(device.id, KernelT::kSmemBytes);
   typename KernelT::Scheduler::Launch launch;
@@ -80,7 +83,7 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
       order.num_heads = int(a.heads_q);
       order.block_m = Traits::kBlockM;
       order.block_n = Traits::kBlockN;
-      order.kv_bytes_per_key = 2 * a.head_dim * int64_t(sizeof(typename Traits::Element)) / (a.heads_q / a.heads_kv);
+      order.kv_bytes_per_key = key_bytes / (a.heads_q / a.heads_kv);
       order.causal = Traits::kCausal;
       int64_t const max_tiles = int64_t(num_m_blocks) * a.heads_q * a.batch;
       err = launch.prepare(order, int(std::min<int64_t>(max_tiles, INT_MAX)), device, a.tile_counter, stream);

@@ -61,15 +61,18 @@ struct Mainloop {
 
   using GmemShape = typename Traits::GmemShape;
   using GmemTensor = typename Traits::template GmemTensor<Element const>;
+  using GmemTensorV = typename Traits::template GmemTensor<Element const, Traits::kHeadDimV>;
+  using TileShapeV = Shape<Int<kBlockN>, Int<Traits::kHeadDimV>>;  // a block of V: (N, dv)
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutQ{}),
                                       select<0, 2>(TileShapeQK{}), _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutK{}),
                                       select<1, 2>(TileShapeQK{}), _1{}));
-  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(SmemLayoutV{}),
-                                      select<1, 2>(TileShapeQK{}), _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorV{}, take<0, 2>(SmemLayoutV{}), TileShapeV{}, _1{}));
 
+  // Bytes of one TMA load of Q, of a K block and of a V block.
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kVBytes = kBlockN * Traits::kHeadDimV * sizeof(Element);
 
   // FP8's descale factors, a policy of the consumer mainloop.
   using Descale = std::conditional_t<Traits::kFp8, Fp8Descale<Mainloop>, NoDescale>;
@@ -113,12 +116,12 @@ struct Mainloop {
     }
   };
 
-  static Params make_params(GmemTensor const& q, GmemTensor const& k, GmemTensor const& v, int head_group,
+  static Params make_params(GmemTensor const& q, GmemTensor const& k, GmemTensorV const& v, int head_group,
                             int seqlen_q, int seqlen_k, SequenceLengths lengths, int row_offset, Window window,
                             float softmax_scale, Softcap softcap, ScaleView q_scale = {}, ScaleView k_scale = {}, ScaleView v_scale = {}) {
     return {make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(SmemLayoutQ{}), select<0, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}),
-            make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(SmemLayoutV{}), select<1, 2>(TileShapeQK{}), _1{}),
+            make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(SmemLayoutV{}), TileShapeV{}, _1{}),
             q.shape(),
             k.shape(),
             head_group,
@@ -194,27 +197,33 @@ struct Mainloop {
       }
       ++write_q;
     }
-    CUTE_DEVICE void k(int n_block) const { block(p.tma_k, smem.k.data(), SmemLayoutK{}, pipeline_k, write_k, n_block); }
-    CUTE_DEVICE void v(int n_block) const { block(p.tma_v, smem.v.data(), SmemLayoutV{}, pipeline_v, write_v, n_block); }
+    CUTE_DEVICE void k(int n_block) const {
+      block(p.tma_k, p.shape_k, smem.k.data(), SmemLayoutK{}, pipeline_k, write_k, n_block);
+    }
+    CUTE_DEVICE void v(int n_block) const {
+      block(p.tma_v, Traits::shape_v(p.shape_k), smem.v.data(), SmemLayoutV{}, pipeline_v, write_v, n_block);
+    }
 
-    template <class Tma, class Layout, class Pipeline>
-    CUTE_DEVICE void block(Tma const& tma, Element* buffer, Layout layout, Pipeline& pipeline, PipelineState& write,
-                           int n_block) const {
+    // A block of K or V, of the head dim of `shape`.
+    template <class Tma, class GShape, class Layout, class Pipeline>
+    CUTE_DEVICE void block(Tma const& tma, GShape const& shape, Element* buffer, Layout layout, Pipeline& pipeline,
+                           PipelineState& write, int n_block) const {
       pipeline.producer_acquire(write);
       if (leader) {
+        auto const tile_shape = make_shape(Int<kBlockN>{}, get<1>(shape));
         // A packed sequence's last block reads the next one's first keys,
         // which the mask hides (seq_k).
         Tensor g = [&] {
           if constexpr (Traits::kPacked) {
             return local_tile(domain_offset(make_coord(p.first_k(tile.batch), _0{}),
-                                            tma.get_tma_tensor(p.shape_k)(_, _, head_kv, 0)),
-                              select<1, 2>(TileShapeQK{}), make_coord(n_block, _0{}));
+                                            tma.get_tma_tensor(shape)(_, _, head_kv, 0)),
+                              tile_shape, make_coord(n_block, _0{}));
           } else {
-            return local_tile(tma.get_tma_tensor(p.shape_k)(_, _, head_kv, tile.batch), select<1, 2>(TileShapeQK{}),
+            return local_tile(tma.get_tma_tensor(shape)(_, _, head_kv, tile.batch), tile_shape,
                               make_coord(n_block, _0{}));
           }
         }();
-        Tensor s = make_tensor(make_smem_ptr(buffer), layout);  // (N, d, stages)
+        Tensor s = make_tensor(make_smem_ptr(buffer), layout);  // (N, d or dv, stages)
         auto slice = tma.get_slice(_0{});
         copy(tma.with(*pipeline.producer_get_barrier(write)), slice.partition_S(g),
              slice.partition_D(s)(_, _, _, write.index()));

@@ -29,13 +29,15 @@ struct Pipelines {
   PipelineVLoad v_load;
   PipelineTile tile;
 
-  CUTE_DEVICE Pipelines(SharedStorage& smem, int warp_group, int warp_in_group, uint32_t kv_bytes, uint32_t q_bytes)
+  // q_bytes, k_bytes, v_bytes: one TMA load's of Q, of a K block, of a V block.
+  CUTE_DEVICE Pipelines(SharedStorage& smem, int warp_group, int warp_in_group, uint32_t q_bytes, uint32_t k_bytes,
+                        uint32_t v_bytes)
       : transposer(Traits::kFp8 && warp_group == 0 && warp_in_group != 0),
-        k(smem.pipeline_k, tma_params<PipelineK>(warp_group, kv_bytes, threadIdx.x == 0), Shape<_1, _1, _1>{}),
+        k(smem.pipeline_k, tma_params<PipelineK>(warp_group, k_bytes, threadIdx.x == 0), Shape<_1, _1, _1>{}),
         // Without a leader: Mainloop::Loads::q() arrives itself.
         q(smem.pipeline_q, tma_params<PipelineQ>(warp_group, q_bytes, false), Shape<_1, _1, _1>{}),
-        v(make_v(smem, warp_group, kv_bytes, transposer)),
-        v_load(make_v_load(smem, warp_group, kv_bytes, transposer)),
+        v(make_v(smem, warp_group, v_bytes, transposer)),
+        v_load(make_v_load(smem, warp_group, v_bytes, transposer)),
         tile(smem.pipeline_tile, tile_params(Traits::kWarpSpecialized && warp_group == 0 && !transposer)) {}
 
   // A TMA pipeline's roles: the producer warpgroup loads, the consumers read
@@ -52,7 +54,7 @@ struct Pipelines {
     return params;
   }
 
-  CUTE_DEVICE static PipelineV make_v(SharedStorage& smem, int warp_group, uint32_t kv_bytes, bool transposer) {
+  CUTE_DEVICE static PipelineV make_v(SharedStorage& smem, int warp_group, uint32_t v_bytes, bool transposer) {
     if constexpr (Traits::kFp8) {
       // Transposers -> consumers.
       typename PipelineV::Params params;
@@ -63,16 +65,16 @@ struct Pipelines {
       params.consumer_arv_count = Traits::kNumConsumerThreads;
       return PipelineV(smem.pipeline_v, params);
     } else {
-      return PipelineV(smem.pipeline_v, tma_params<PipelineV>(warp_group, kv_bytes, threadIdx.x == 0),
+      return PipelineV(smem.pipeline_v, tma_params<PipelineV>(warp_group, v_bytes, threadIdx.x == 0),
                        Shape<_1, _1, _1>{});
     }
   }
 
-  CUTE_DEVICE static PipelineVLoad make_v_load(SharedStorage& smem, int warp_group, uint32_t kv_bytes,
+  CUTE_DEVICE static PipelineVLoad make_v_load(SharedStorage& smem, int warp_group, uint32_t v_bytes,
                                                bool transposer) {
     if constexpr (Traits::kFp8) {
       // Warp 0's TMA loads -> transposers.
-      auto params = tma_params<PipelineVLoad>(warp_group, kv_bytes, threadIdx.x == 0);
+      auto params = tma_params<PipelineVLoad>(warp_group, v_bytes, threadIdx.x == 0);
       params.role = warp_group > 0 ? PipelineVLoad::ThreadCategory::NonParticipant
                     : transposer   ? PipelineVLoad::ThreadCategory::Consumer
                                    : PipelineVLoad::ThreadCategory::Producer;

@@ -7,7 +7,8 @@
 
 namespace flash3::fwd {
 
-template <DType kDType, int kHeadDim>
+// kHeadDimV: V's head dim, kHeadDim unless a pair of common/head_dims.inc.
+template <DType kDType, int kHeadDim, int kHeadDimV>
 Status run_forward_instance(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream);
 
 }  // namespace flash3::fwd

@@ -5,11 +5,12 @@
 // block M = 128, 3 make 192 (160 registers each).
 //  - block N sets the S accumulator: 64 x N fp32 is N/2 registers per thread,
 //    held twice by the intra-warpgroup overlap (S_next and P), beside the
-//    64 x d fp32 O accumulator (d/2 registers); 240 registers per consumer
-//    thread bound it. FP8's P takes half of BF16's registers but its PV GEMM
-//    reads P in k-steps of 32, so N stays a multiple of 32.
-//  - shared memory holds Q (M x d), kStages of K and V (N x d each) and O
-//    (M x d, or half of its columns when the whole would pass 227 KB).
+//    64 x dv fp32 O accumulator (dv/2 registers, dv V's head dim); 240
+//    registers per consumer thread bound it. FP8's P takes half of BF16's
+//    registers but its PV GEMM reads P in k-steps of 32, so N stays a
+//    multiple of 32.
+//  - shared memory holds Q (M x d), kStages of K (N x d) and V (N x dv) and
+//    O (M x dv, or half of its columns when the whole would pass 227 KB).
 // docs/design.md and docs/performance-log.md record the measurements behind them.
 #pragma once
 
@@ -21,9 +22,10 @@ struct TileSize {
   int stages;
 };
 
-// extra_mask_registers: a window's kernel, or packed sequences' causal one,
-// whose masks hold more registers than the plain causal mask's.
-constexpr TileSize tile_size(int head_dim, bool fp8, bool extra_mask_registers = false) {
+// head_dim is Q's and K's, head_dim_v V's (and O's). extra_mask_registers: a
+// window's kernel, or packed sequences' causal one, whose masks hold more
+// registers than the plain causal mask's.
+constexpr TileSize tile_size(int head_dim, int head_dim_v, bool fp8, bool extra_mask_registers = false) {
   if (fp8) {
     // Head dim 64: three consumer warpgroups as for BF16, and a third stage
     // that gives V's transpose room to run ahead of the PV GEMMs. Head dim
@@ -47,7 +49,9 @@ constexpr TileSize tile_size(int head_dim, bool fp8, bool extra_mask_registers =
     case 64: return extra_mask_registers ? TileSize{128, 128, 2} : TileSize{192, 128, 2};
     case 96: return {128, 128, 2};
     case 128: return {128, 128, 2};
-    case 192: return {128, 96, 2};
+    // With V's 128 the registers are head dim 128's (S, P and O at N = 128),
+    // and shared memory holds Q, two stages of K and V and half of O.
+    case 192: return head_dim_v == 128 ? TileSize{128, 128, 2} : TileSize{128, 96, 2};
     default: return {128, 64, 2};  // 256
   }
 }
@@ -60,7 +64,7 @@ struct Fp8ScaleBlocks {
 };
 
 constexpr Fp8ScaleBlocks fp8_scale_blocks(int head_dim) {
-  TileSize const t = tile_size(head_dim, true);
+  TileSize const t = tile_size(head_dim, head_dim, true);
   return {t.block_m, t.block_n};
 }
 

@@ -18,31 +18,35 @@ namespace flash3::fwd {
 using namespace cute;
 
 // Element is Q, K, V's type; O's is the same, except for FP8's
-// (kVariant.fp8_out).
-template <class Element_, int kHeadDim_, Variant kVariant = Variant{}>
+// (kVariant.fp8_out). kHeadDim is Q's and K's head dim, kHeadDimV V's and O's
+// (a pair of common/head_dims.inc, or the same).
+template <class Element_, int kHeadDim_, Variant kVariant = Variant{}, int kHeadDimV_ = kHeadDim_>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   // FP8 (§3.3): V is transposed in shared memory by the producer warpgroup,
   // P is re-laid out in registers, and the inputs carry descale factors.
   static constexpr bool kFp8 = sizeof(Element) == 1;
+  static_assert(!kFp8 || kHeadDimV == kHeadDim, "FP8's V transpose and scale blocks take V's head dim as Q's");
   using ElementO = std::conditional_t<kFp8, ElementOf<kVariant.fp8_out>, Element>;
   static constexpr bool kCausal = kVariant.causal;  // the masked kernel (fwd/variants.h)
   static constexpr bool kWindow = kVariant.window;
   static constexpr bool kPacked = kVariant.packed;  // packed sequences (varlen)
   static constexpr bool kPingpong = kVariant.pingpong;
-  // The window kernels from head dim 192 and in FP8 run Algorithm 1's
-  // iteration: with the overlap's S_next and P both live they spill.
+  // The window kernels from head dim 192 (V's 128 too) and in FP8 run
+  // Algorithm 1's iteration: with the overlap's S_next and P both live they
+  // spill.
   static constexpr bool kIntraWGOverlap =
       kVariant.intra_warpgroup_overlap && !(kVariant.window && (sizeof(Element) == 1 || kHeadDim_ >= 192));
   // Algorithm 1's producer warpgroup. Switched off (the ablation), the
   // consumers issue the TMA loads themselves, between their GEMMs.
   static constexpr bool kWarpSpecialized = kVariant.warp_specialization;
 
-  static constexpr TileSize kTile = tile_size(kHeadDim, kFp8, kWindow || (kPacked && kCausal));
-  // OnlineSoftmax's lazy row max, where skipping O's rescale (d/2 multiplies
-  // per thread and key block) pays for the check: from head dim 128 on.
-  static constexpr bool kLazyRowMax = !kFp8 && kHeadDim >= 128;
+  static constexpr TileSize kTile = tile_size(kHeadDim, kHeadDimV, kFp8, kWindow || (kPacked && kCausal));
+  // OnlineSoftmax's lazy row max, where skipping O's rescale (dv/2 multiplies
+  // per thread and key block) pays for the check: from O's head dim 128 on.
+  static constexpr bool kLazyRowMax = !kFp8 && kHeadDimV >= 128;
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -78,14 +82,21 @@ struct FwdTraits {
   static constexpr int kConsumerRegisters = kNumConsumerWarpGroups == 3 ? 160 : 240;
   static_assert(!kWarpSpecialized || fits_launch_registers(kNumThreads, 128, kProducerRegisters, kConsumerRegisters));
 
-  // Global Q, K, V, O as (seqlen, head_dim, heads, batch), 64-bit strides.
-  using GmemShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;
+  // Global Q, K, V, O as (seqlen, head_dim, heads, batch), 64-bit strides:
+  // Q and K of kHeadDim columns (GmemShape), V and O of kHeadDimV.
+  template <int kDim>
+  using GmemShapeOf = Shape<int32_t, Int<kDim>, int32_t, int32_t>;
+  using GmemShape = GmemShapeOf<kHeadDim>;
   using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
-  template <class T>
-  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<T*>(nullptr)), GmemShape{}, GmemStride{}));
+  template <class T, int kDim = kHeadDim>
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<T*>(nullptr)), GmemShapeOf<kDim>{}, GmemStride{}));
+  // V's and O's shape: K's (or Q's) rows, heads and batch, with V's head dim.
+  CUTE_HOST_DEVICE static auto shape_v(GmemShape const& s) {
+    return make_shape(get<0>(s), Int<kHeadDimV>{}, get<2>(s), get<3>(s));
+  }
 
-  using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // S = Q K^T: (M, N, d)
-  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // O = P V:   (M, d, N)
+  using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;   // S = Q K^T: (M, N, d)
+  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kBlockN>>;  // O = P V:   (M, dv, N)
   using AtomLayout = Layout<Shape<Int<kNumConsumerWarpGroups>, _1, _1>>;
 
   // S = Q K^T: both operands from shared memory (SS). O += P V: P from
@@ -100,17 +111,18 @@ struct FwdTraits {
   using TiledMmaPVOver = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Width, Int<kBlockN>>, GMMA::Major::K, kMajorVt>(),
       AtomLayout{}));
-  using TiledMmaPV = TiledMmaPVOver<Int<kHeadDim>>;
+  using TiledMmaPV = TiledMmaPVOver<Int<kHeadDimV>>;
 
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr int kOBytes = kBlockM * kHeadDim * sizeof(ElementO);
-  static constexpr int kKVBytes = kStages * kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kOBytes = kBlockM * kHeadDimV * sizeof(ElementO);
+  static constexpr int kKBytes = kStages * kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kVBytes = kStages * kBlockN * kHeadDimV * sizeof(Element);
   static constexpr int kSmemLimit = 227 * 1024;
   // Q's buffers. With one, the next tile's Q loads once this tile's last
   // QK^T is done, and its DRAM latency stands between the two tiles; two let
   // it load during this tile (Mainloop::load). 16-bit only: in FP8's kernels
   // the second Q pipeline state costs more registers than it saves.
-  static constexpr int kQStages = !kFp8 && 2 * kQBytes + kOBytes + 2 * kKVBytes + 1024 <= kSmemLimit ? 2 : 1;
+  static constexpr int kQStages = !kFp8 && 2 * kQBytes + kOBytes + kKBytes + kVBytes + 1024 <= kSmemLimit ? 2 : 1;
   // Each warpgroup's epilogue deferred into the next tile, under its first
   // QK^T (Kernel, DeferredEpilogue), with a store of its own rows: where the
   // next tile's Q is there by then (two buffers), and in the kernels of three
@@ -123,27 +135,28 @@ struct FwdTraits {
   using SmemLayoutK = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockN>, Int<kHeadDim>>(),
       Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
-  // V^T as the PV GEMM reads it, (d, N, stage). BF16: d contiguous, and the
-  // TMA writes the same bytes through the (N, d, stage) view SmemLayoutV.
+  // V^T as the PV GEMM reads it, (dv, N, stage). BF16: dv contiguous, and the
+  // TMA writes the same bytes through the (N, dv, stage) view SmemLayoutV.
   // FP8: N contiguous, written by the transpose from the TMA's buffer
   // SmemLayoutV, which is laid out as K.
   using SmemLayoutVt = decltype(tile_to_shape(
-      cutlass::gemm::collective::detail::ss_smem_selector<kMajorVt, Element, Int<kHeadDim>, Int<kBlockN>>(),
-      Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+      cutlass::gemm::collective::detail::ss_smem_selector<kMajorVt, Element, Int<kHeadDimV>, Int<kBlockN>>(),
+      Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{},
       std::conditional_t<kFp8, Step<_1, _2, _3>, Step<_2, _1, _3>>{}));
   using SmemLayoutV = std::conditional_t<
       kFp8, SmemLayoutK,
-      decltype(composition(SmemLayoutVt{}, make_layout(Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{},
-                                                       Stride<Int<kHeadDim>, _1, Int<kHeadDim * kBlockN>>{})))>;
+      decltype(composition(SmemLayoutVt{}, make_layout(Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{},
+                                                       Stride<Int<kHeadDimV>, _1, Int<kHeadDimV * kBlockN>>{})))>;
 
   // O leaves through its own shared-memory buffer and TMA stores, so that Q's
   // buffer is free once the tile's last QK^T is done and the next tile's Q
   // loads under the last PV GEMM and the epilogue. Where a whole O tile does
-  // not fit beside Q and the K/V stages (16-bit head dims 192 and 256, FP8
-  // 256), the buffer holds half of O's columns and the halves go out one
-  // after the other.
-  static constexpr int kOChunks = kQStages * kQBytes + kOBytes + (kFp8 ? 3 : 2) * kKVBytes + 1024 <= kSmemLimit ? 1 : 2;
-  using OChunkWidth = Int<kHeadDim / kOChunks>;
+  // not fit beside Q and the K/V stages (16-bit head dims 192, 192 with V's
+  // 128, and 256, FP8 256), the buffer holds half of O's columns and the
+  // halves go out one after the other.
+  static constexpr int kOChunks =
+      kQStages * kQBytes + kOBytes + kKBytes + (kFp8 ? 2 : 1) * kVBytes + 1024 <= kSmemLimit ? 1 : 2;
+  using OChunkWidth = Int<kHeadDimV / kOChunks>;
   using TileShapeOChunk = Shape<Int<kBlockM>, OChunkWidth>;
   // Where a sequence's partial tile holds only one of three warpgroups'
   // rows, a causal launch makes it the first tile, whose rows see the fewest
@@ -178,7 +191,7 @@ struct FwdTraits {
     return size<1>(Frag{}) == 1 && size<2>(Frag{}) == 1 && size<0, 2>(Frag{}) == Width::value / 8 &&
            stride<0, 2>(Frag{}) == 4;
   }();
-  static_assert(kColumnGroupsOutermost<Int<kHeadDim>> && kColumnGroupsOutermost<OChunkWidth>,
+  static_assert(kColumnGroupsOutermost<Int<kHeadDimV>> && kColumnGroupsOutermost<OChunkWidth>,
                 "O's chunks are not contiguous slices of a thread's O fragment");
 
   using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
