@@ -428,19 +428,22 @@ TEST(BackwardDeterministic, BitwiseEqualRuns) {
 // Non-causal shapes with more CTAs than a wave and a few left over: the last
 // tiles are split into parts whose dK and dV sums the last part stores
 // (bwd/tail_split.h), through the TMA store (MHA, bf16) and the per-head fp32
-// path (GQA, fp16).
+// path (GQA, fp16); with V's head dim of its own, dK's and dV's sums of
+// different widths.
 TEST(Backward, LastWaveSplit) {
   SKIP_WITHOUT_CUDA_DEVICE();
   int device = 0, sms = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
   uint32_t seed = 900;
-  for (int d : {64, 128, 256}) {
-    int const heads = 2048 / d;
+  for (HeadDims const h : {HeadDims{64, 64}, HeadDims{128, 128}, HeadDims{256, 256}, HeadDims{192, 128}}) {
+    int const d = h.qk;
+    int const heads = 2048 / d;  // 10 at d = 192: GQA in groups of 2 there, of 4 elsewhere
     // A wave of tiles and a few more on this device, the last key block partial.
     int const seqlen_k = (sms / heads + 1) * flash3::bwd::bwd_block_n(d) - 20;
-    for (Case const& c : {Case{DType::kBF16, d, false, 1, 1100, seqlen_k, heads, heads},
-                          Case{DType::kFP16, d, false, 1, 1000, seqlen_k, heads, heads / 4}}) {
+    for (Case c : {Case{DType::kBF16, d, false, 1, 1100, seqlen_k, heads, heads},
+                   Case{DType::kFP16, d, false, 1, 1000, seqlen_k, heads, heads / (heads % 4 == 0 ? 4 : 2)}}) {
+      c.head_dim_v = h.v_arg();
       int64_t const tiles = flash3::div_up(int(c.seqlen_k), flash3::bwd::bwd_block_n(d)) * int64_t(c.heads_q);
       int const m_blocks = flash3::div_up(int(c.seqlen_q), flash3::bwd::bwd_block_m(d));
       ASSERT_GT(flash3::bwd::plan_tail_split(tiles, sms, m_blocks, flash3::bwd::kMaxSplitTiles).split_tiles, 0)
@@ -455,17 +458,18 @@ TEST(Backward, LastWaveSplit) {
 // MHA and GQA, whose zeros come from the same group-sum kernel.
 TEST(Backward, NoQueryGivesZeroKeyGradients) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  for (int d : {64, 128, 256}) {
+  for (HeadDims const h : {HeadDims{64, 64}, HeadDims{128, 128}, HeadDims{256, 256}, HeadDims{192, 128}}) {
+    int64_t const d = h.qk, dv_dim = h.v;
     for (int heads_kv : {8, 2}) {
-      SCOPED_TRACE("d" + std::to_string(d) + " h8/" + std::to_string(heads_kv));
+      SCOPED_TRACE("d" + std::to_string(d) + " dv" + std::to_string(dv_dim) + " h8/" + std::to_string(heads_kv));
       int64_t const batch = 2, seqlen_k = 300;
-      size_t const n = size_t(batch * seqlen_k * heads_kv * d);
-      DeviceBuffer<uint16_t> k(n), v(n), dk(n), dv(n);
+      size_t const n = size_t(batch * seqlen_k * heads_kv * d), n_v = size_t(batch * seqlen_k * heads_kv * dv_dim);
+      DeviceBuffer<uint16_t> k(n), v(n_v), dk(n), dv(n_v);
       ASSERT_TRUE(k.ptr && v.ptr && dk.ptr && dv.ptr);
       ASSERT_EQ(cudaMemset(k.ptr, 0x3c, n * 2), cudaSuccess);
-      ASSERT_EQ(cudaMemset(v.ptr, 0x3c, n * 2), cudaSuccess);
+      ASSERT_EQ(cudaMemset(v.ptr, 0x3c, n_v * 2), cudaSuccess);
       ASSERT_EQ(cudaMemset(dk.ptr, 0xff, n * 2), cudaSuccess);  // NaN
-      ASSERT_EQ(cudaMemset(dv.ptr, 0xff, n * 2), cudaSuccess);
+      ASSERT_EQ(cudaMemset(dv.ptr, 0xff, n_v * 2), cudaSuccess);
       flash3::BackwardArgs a;
       a.dtype = DType::kBF16;
       a.batch = batch;
@@ -474,20 +478,19 @@ TEST(Backward, NoQueryGivesZeroKeyGradients) {
       a.heads_q = 8;
       a.heads_kv = heads_kv;
       a.head_dim = d;
+      a.head_dim_v = h.v_arg();
       a.k = flash3::contiguous<const void*>(k.ptr, seqlen_k, heads_kv, d);
-      a.v = flash3::contiguous<const void*>(v.ptr, seqlen_k, heads_kv, d);
+      a.v = flash3::contiguous<const void*>(v.ptr, seqlen_k, heads_kv, dv_dim);
       a.dk = flash3::contiguous<void*>(dk.ptr, seqlen_k, heads_kv, d);
-      a.dv = flash3::contiguous<void*>(dv.ptr, seqlen_k, heads_kv, d);
+      a.dv = flash3::contiguous<void*>(dv.ptr, seqlen_k, heads_kv, dv_dim);
       flash3::Status const s = flash3::backward(a, nullptr);
       if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
       ASSERT_TRUE(s.ok()) << s.message();
-      std::vector<uint16_t> got_k(n), got_v(n);
+      std::vector<uint16_t> got_k(n), got_v(n_v);
       ASSERT_EQ(cudaMemcpy(got_k.data(), dk.ptr, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(got_v.data(), dv.ptr, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-      for (size_t i = 0; i < n; ++i) {
-        ASSERT_EQ(got_k[i], 0) << "dk[" << i << "]";
-        ASSERT_EQ(got_v[i], 0) << "dv[" << i << "]";
-      }
+      ASSERT_EQ(cudaMemcpy(got_v.data(), dv.ptr, n_v * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(got_k[i], 0) << "dk[" << i << "]";
+      for (size_t i = 0; i < n_v; ++i) ASSERT_EQ(got_v[i], 0) << "dv[" << i << "]";
     }
   }
 }
@@ -495,16 +498,18 @@ TEST(Backward, NoQueryGivesZeroKeyGradients) {
 // No key: dQ = 0 (the postprocess runs without a main kernel before it).
 TEST(Backward, NoKeyGivesZeroQueryGradients) {
   SKIP_WITHOUT_CUDA_DEVICE();
-  for (int d : {64, 128, 256}) {
+  for (HeadDims const h : {HeadDims{64, 64}, HeadDims{128, 128}, HeadDims{256, 256}, HeadDims{192, 128}}) {
+    int64_t const d = h.qk, dv = h.v;
     for (bool causal : {false, true}) {
-      SCOPED_TRACE("d" + std::to_string(d) + (causal ? " causal" : ""));
+      SCOPED_TRACE("d" + std::to_string(d) + " dv" + std::to_string(dv) + (causal ? " causal" : ""));
       int64_t const batch = 2, seqlen_q = 300, heads = 4;
-      size_t const n = size_t(batch * seqlen_q * heads * d);
-      DeviceBuffer<uint16_t> q(n), o(n), dout(n), dq(n);
+      size_t const n = size_t(batch * seqlen_q * heads * d), n_o = size_t(batch * seqlen_q * heads * dv);
+      DeviceBuffer<uint16_t> q(n), o(n_o), dout(n_o), dq(n);
       DeviceBuffer<float> lse(size_t(batch * heads * seqlen_q));
       ASSERT_TRUE(q.ptr && o.ptr && dout.ptr && dq.ptr && lse.ptr);
-      for (void* p : {static_cast<void*>(q.ptr), static_cast<void*>(o.ptr), static_cast<void*>(dout.ptr)}) {
-        ASSERT_EQ(cudaMemset(p, 0x3c, n * 2), cudaSuccess);
+      ASSERT_EQ(cudaMemset(q.ptr, 0x3c, n * 2), cudaSuccess);
+      for (void* p : {static_cast<void*>(o.ptr), static_cast<void*>(dout.ptr)}) {
+        ASSERT_EQ(cudaMemset(p, 0x3c, n_o * 2), cudaSuccess);
       }
       ASSERT_EQ(cudaMemset(lse.ptr, 0, size_t(batch * heads * seqlen_q) * sizeof(float)), cudaSuccess);
       ASSERT_EQ(cudaMemset(dq.ptr, 0xff, n * 2), cudaSuccess);  // NaN
@@ -516,10 +521,11 @@ TEST(Backward, NoKeyGivesZeroQueryGradients) {
       a.heads_q = heads;
       a.heads_kv = heads;
       a.head_dim = d;
+      a.head_dim_v = h.v_arg();
       a.causal = causal;
       a.q = flash3::contiguous<const void*>(q.ptr, seqlen_q, heads, d);
-      a.o = flash3::contiguous<const void*>(o.ptr, seqlen_q, heads, d);
-      a.dout = flash3::contiguous<const void*>(dout.ptr, seqlen_q, heads, d);
+      a.o = flash3::contiguous<const void*>(o.ptr, seqlen_q, heads, dv);
+      a.dout = flash3::contiguous<const void*>(dout.ptr, seqlen_q, heads, dv);
       a.lse = lse.ptr;
       a.dq = flash3::contiguous<void*>(dq.ptr, seqlen_q, heads, d);
       flash3::Status const s = flash3::backward(a, nullptr);
@@ -663,13 +669,15 @@ struct VarlenCase {
   float softcap = 0.f;
   bool sinks = false;
   bool deterministic = false;
+  int head_dim_v = 0;  // as BackwardArgs::head_dim_v
 };
 
 void run_varlen(VarlenCase const& c, uint32_t seed) {
   int const batch = int(c.len_q.size()), d = c.head_dim, pad = c.seqused ? 5 : 0;
+  int const dim_v = c.head_dim_v != 0 ? c.head_dim_v : d;  // V's, O's, dO's and dV's
   int const tail = 3;  // packed rows past the last sequence
   SCOPED_TRACE(std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(d) +
-               (c.causal ? " causal" : "") + " batch " + std::to_string(batch) + " h" + std::to_string(c.heads_q) +
+               (dim_v != d ? " dv" + std::to_string(dim_v) : "") + (c.causal ? " causal" : "") + " batch " + std::to_string(batch) + " h" + std::to_string(c.heads_q) +
                "/" + std::to_string(c.heads_kv) + (c.seqused ? " seqused" : "") +
                (c.window_left >= 0 || c.window_right >= 0 ? " window" : "") + (c.softcap > 0 ? " softcap" : "") +
                (c.sinks ? " sinks" : "") + (c.deterministic ? " deterministic" : ""));
@@ -680,6 +688,7 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   }
   int const total_q = cu_q.back() + tail, total_k = cu_k.back() + tail, hq = c.heads_q, hkv = c.heads_kv;
   size_t const q_elems = size_t(total_q) * hq * d, kv_elems = size_t(total_k) * hkv * d;
+  size_t const o_elems = size_t(total_q) * hq * dim_v, v_elems = size_t(total_k) * hkv * dim_v;
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   auto random = [&](size_t n) {
@@ -687,10 +696,10 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
     for (auto& x : h) x = to_bits(normal(rng), c.dtype);
     return h;
   };
-  std::vector<uint16_t> h_q = random(q_elems), h_k = random(kv_elems), h_v = random(kv_elems),
-                        h_do = random(q_elems);
-  DeviceBuffer<uint16_t> q(q_elems), k(kv_elems), v(kv_elems), o(q_elems), dout(q_elems), dq(q_elems), dk(kv_elems),
-      dv(kv_elems);
+  std::vector<uint16_t> h_q = random(q_elems), h_k = random(kv_elems), h_v = random(v_elems),
+                        h_do = random(o_elems);
+  DeviceBuffer<uint16_t> q(q_elems), k(kv_elems), v(v_elems), o(o_elems), dout(o_elems), dq(q_elems), dk(kv_elems),
+      dv(v_elems);
   DeviceBuffer<float> lse(size_t(hq) * total_q), sinks(hq), dsinks(hq);
   DeviceBuffer<int32_t> d_cu_q(batch + 1), d_cu_k(batch + 1), d_used_q(batch), d_used_k(batch);
   for (auto [dst, host] : {std::pair{q.ptr, &h_q}, std::pair{k.ptr, &h_k}, std::pair{v.ptr, &h_v},
@@ -704,7 +713,7 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   CUDA_OK(cudaMemcpy(d_cu_k.ptr, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d_used_q.ptr, c.len_q.data(), batch * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(d_used_k.ptr, c.len_k.data(), batch * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(o.ptr, 0xff, q_elems * 2));  // rows the forward does not write stay NaN
+  CUDA_OK(cudaMemset(o.ptr, 0xff, o_elems * 2));  // rows the forward does not write stay NaN
   CUDA_OK(cudaMemset(lse.ptr, 0xff, size_t(hq) * total_q * 4));
 
   flash3::Varlen const varlen{d_cu_q.ptr, d_cu_k.ptr, c.seqused ? d_used_q.ptr : nullptr,
@@ -719,14 +728,15 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   f.heads_q = hq;
   f.heads_kv = hkv;
   f.head_dim = d;
+  f.head_dim_v = c.head_dim_v;
   f.causal = c.causal;
   f.window_left = c.window_left;
   f.window_right = c.window_right;
   f.softcap = c.softcap;
   f.q = {q.ptr, 0, int64_t(hq) * d, d, 1};
   f.k = {k.ptr, 0, int64_t(hkv) * d, d, 1};
-  f.v = {v.ptr, 0, int64_t(hkv) * d, d, 1};
-  f.o = {o.ptr, 0, int64_t(hq) * d, d, 1};
+  f.v = {v.ptr, 0, int64_t(hkv) * dim_v, dim_v, 1};
+  f.o = {o.ptr, 0, int64_t(hq) * dim_v, dim_v, 1};
   f.lse = lse.ptr;
   f.sinks = c.sinks ? sinks.ptr : nullptr;
   f.varlen = varlen;
@@ -739,17 +749,17 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   // backward must neither read them into any gradient nor write them.
   std::vector<uint16_t> poisoned_q = h_q, poisoned_k = h_k, poisoned_v = h_v, poisoned_do = h_do;
   auto poison_rows = [&](std::vector<uint16_t>& t, std::vector<int32_t> const& cu, std::vector<int> const& len,
-                         int heads) {
-    size_t const row = size_t(heads) * d;
+                         int heads, int dim) {
+    size_t const row = size_t(heads) * dim;
     for (int b = 0; b <= batch; ++b) {
       int const from = b < batch ? cu[b] + len[b] : cu[batch], to = b < batch ? cu[b + 1] : cu[batch] + tail;
       std::fill(t.begin() + from * row, t.begin() + to * row, uint16_t(0xffff));
     }
   };
-  poison_rows(poisoned_q, cu_q, c.len_q, hq);
-  poison_rows(poisoned_do, cu_q, c.len_q, hq);
-  poison_rows(poisoned_k, cu_k, c.len_k, hkv);
-  poison_rows(poisoned_v, cu_k, c.len_k, hkv);
+  poison_rows(poisoned_q, cu_q, c.len_q, hq, d);
+  poison_rows(poisoned_do, cu_q, c.len_q, hq, dim_v);
+  poison_rows(poisoned_k, cu_k, c.len_k, hkv, d);
+  poison_rows(poisoned_v, cu_k, c.len_k, hkv, dim_v);
   for (auto [dst, host] : {std::pair{q.ptr, &poisoned_q}, std::pair{k.ptr, &poisoned_k},
                            std::pair{v.ptr, &poisoned_v}, std::pair{dout.ptr, &poisoned_do}}) {
     CUDA_OK(cudaMemcpy(dst, host->data(), host->size() * 2, cudaMemcpyHostToDevice));
@@ -763,6 +773,7 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   a.heads_q = hq;
   a.heads_kv = hkv;
   a.head_dim = d;
+  a.head_dim_v = c.head_dim_v;
   a.causal = c.causal;
   a.window_left = c.window_left;
   a.window_right = c.window_right;
@@ -770,12 +781,12 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   a.q = f.q;
   a.k = f.k;
   a.v = f.v;
-  a.o = {o.ptr, 0, int64_t(hq) * d, d, 1};
-  a.dout = {dout.ptr, 0, int64_t(hq) * d, d, 1};
+  a.o = {o.ptr, 0, int64_t(hq) * dim_v, dim_v, 1};
+  a.dout = {dout.ptr, 0, int64_t(hq) * dim_v, dim_v, 1};
   a.lse = lse.ptr;
   a.dq = {dq.ptr, 0, int64_t(hq) * d, d, 1};
   a.dk = {dk.ptr, 0, int64_t(hkv) * d, d, 1};
-  a.dv = {dv.ptr, 0, int64_t(hkv) * d, d, 1};
+  a.dv = {dv.ptr, 0, int64_t(hkv) * dim_v, dim_v, 1};
   a.sinks = c.sinks ? sinks.ptr : nullptr;
   a.dsinks = c.sinks ? dsinks.ptr : nullptr;
   a.deterministic = c.deterministic;
@@ -787,18 +798,18 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   auto backward = [&](Run& run) {
     CUDA_OK(cudaMemset(dq.ptr, 0xff, q_elems * 2));
     CUDA_OK(cudaMemset(dk.ptr, 0xff, kv_elems * 2));
-    CUDA_OK(cudaMemset(dv.ptr, 0xff, kv_elems * 2));
+    CUDA_OK(cudaMemset(dv.ptr, 0xff, v_elems * 2));
     CUDA_OK(cudaMemset(dsinks.ptr, 0xff, hq * 4));
     flash3::Status const st = flash3::backward(a, nullptr);
     ASSERT_TRUE(st.ok()) << st.message();
     CUDA_OK(cudaDeviceSynchronize());
     run.dq.resize(q_elems);
     run.dk.resize(kv_elems);
-    run.dv.resize(kv_elems);
+    run.dv.resize(v_elems);
     run.dsinks.resize(hq);
     CUDA_OK(cudaMemcpy(run.dq.data(), dq.ptr, q_elems * 2, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(run.dk.data(), dk.ptr, kv_elems * 2, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(run.dv.data(), dv.ptr, kv_elems * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(run.dv.data(), dv.ptr, v_elems * 2, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(run.dsinks.data(), dsinks.ptr, hq * 4, cudaMemcpyDeviceToHost));
   };
   Run run;
@@ -823,12 +834,13 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
                            std::pair{dout.ptr, &h_do}}) {
     CUDA_OK(cudaMemcpy(dst, host->data(), host->size() * 2, cudaMemcpyHostToDevice));
   }
-  size_t const n = q_elems + 2 * kv_elems + size_t(batch) * hq;
+  size_t const grads = q_elems + kv_elems + v_elems;  // dQ, dK, dV
+  size_t const n = grads + size_t(batch) * hq;
   DeviceBuffer<float> ref(n), low(n), rounded_o(n);
   ASSERT_TRUE(ref.ptr && low.ptr && rounded_o.ptr);
   for (float* buf : {ref.ptr, low.ptr, rounded_o.ptr}) CUDA_OK(cudaMemset(buf, 0, n * 4));
-  auto view = [&](uint16_t* base, int row, int heads) {
-    return flash3::ConstTensor{base + size_t(row) * heads * d, 0, int64_t(heads) * d, d, 1};
+  auto view = [&](uint16_t* base, int row, int heads, int dim) {
+    return flash3::ConstTensor{base + size_t(row) * heads * dim, 0, int64_t(heads) * dim, dim, 1};
   };
   for (int b = 0; b < batch; ++b) {
     if (c.len_q[b] == 0) continue;  // no query: zeros (the buffers' own)
@@ -836,7 +848,8 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
     shape.window_left = c.window_left;
     shape.window_right = c.window_right;
     shape.softcap = c.softcap;
-    flash3::ConstTensor const o_b = view(o.ptr, cu_q[b], hq);
+    shape.head_dim_v = c.head_dim_v;
+    flash3::ConstTensor const o_b = view(o.ptr, cu_q[b], hq, dim_v);
     struct Ref {
       float* buf;
       bool emulate;
@@ -844,11 +857,10 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
     };
     for (Ref const& r : {Ref{ref.ptr, false, nullptr}, Ref{low.ptr, true, nullptr}, Ref{rounded_o.ptr, false, &o_b}}) {
       CUDA_OK(flash3::reference::attention_backward_gpu(
-          shape, c.dtype, view(q.ptr, cu_q[b], hq), view(k.ptr, cu_k[b], hkv), view(v.ptr, cu_k[b], hkv),
-          view(dout.ptr, cu_q[b], hq), r.buf + size_t(cu_q[b]) * hq * d,
-          r.buf + q_elems + size_t(cu_k[b]) * hkv * d, r.buf + q_elems + kv_elems + size_t(cu_k[b]) * hkv * d,
-          r.emulate, nullptr, r.o, c.sinks ? sinks.ptr : nullptr,
-          c.sinks ? r.buf + q_elems + 2 * kv_elems + size_t(b) * hq : nullptr));
+          shape, c.dtype, view(q.ptr, cu_q[b], hq, d), view(k.ptr, cu_k[b], hkv, d),
+          view(v.ptr, cu_k[b], hkv, dim_v), view(dout.ptr, cu_q[b], hq, dim_v), r.buf + size_t(cu_q[b]) * hq * d,
+          r.buf + q_elems + size_t(cu_k[b]) * hkv * d, r.buf + q_elems + kv_elems + size_t(cu_k[b]) * hkv * dim_v,
+          r.emulate, nullptr, r.o, c.sinks ? sinks.ptr : nullptr, c.sinks ? r.buf + grads + size_t(b) * hq : nullptr));
     }
   }
   CUDA_OK(cudaDeviceSynchronize());
@@ -860,9 +872,9 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   // Each gradient: the used rows against the references, the rows past
   // seqused zeros, the rows past the last sequence unwritten.
   auto compare = [&](char const* what, std::vector<uint16_t> const& got, size_t at, std::vector<int32_t> const& cu,
-                     std::vector<int> const& len, int heads) {
+                     std::vector<int> const& len, int heads, int dim) {
     SCOPED_TRACE(what);
-    size_t const row = size_t(heads) * d;
+    size_t const row = size_t(heads) * dim;
     std::vector<float> used_ref, used_low, used_rounded_o;
     double err = 0, low_err = 0;
     for (int b = 0; b < batch; ++b) {
@@ -889,17 +901,17 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
     EXPECT_LE(err, 2 * low_err + eps) << "flash3 max error " << err << ", same-precision reference " << low_err
                                       << ", epsilon " << eps;
   };
-  compare("dQ", run.dq, 0, cu_q, c.len_q, hq);
-  compare("dK", run.dk, q_elems, cu_k, c.len_k, hkv);
-  compare("dV", run.dv, q_elems + kv_elems, cu_k, c.len_k, hkv);
+  compare("dQ", run.dq, 0, cu_q, c.len_q, hq, d);
+  compare("dK", run.dk, q_elems, cu_k, c.len_k, hkv, d);
+  compare("dV", run.dv, q_elems + kv_elems, cu_k, c.len_k, hkv, dim_v);
   if (c.sinks) {
     // As compare_sink_gradient: against the reference given flash3's O,
     // summed here over the sequences.
     for (int h = 0; h < hq; ++h) {
       double want = 0, plain = 0;
       for (int b = 0; b < batch; ++b) {
-        want += h_rounded_o[q_elems + 2 * kv_elems + size_t(b) * hq + h];
-        plain += h_ref[q_elems + 2 * kv_elems + size_t(b) * hq + h];
+        want += h_rounded_o[grads + size_t(b) * hq + h];
+        plain += h_ref[grads + size_t(b) * hq + h];
       }
       ASSERT_FALSE(std::isnan(run.dsinks[h])) << "dsinks[" << h << "] not written or NaN";
       EXPECT_LE(std::fabs(run.dsinks[h] - want), 1e-4 * std::max(1.0, std::fabs(plain)))
@@ -915,32 +927,37 @@ TEST(Backward, Varlen) {
   std::vector<int> const len_q{300, 0, 1, 129, 1000, 64, 77, 0}, len_k{250, 40, 0, 700, 1000, 64, 300, 0};
   uint32_t seed = 2600;
   for (DType dtype : {DType::kBF16, DType::kFP16}) {
-    for (int d : {64, 96, 128, 192, 256}) {
-      for (bool causal : {false, true}) run_varlen({dtype, d, causal, len_q, len_k}, seed++);
+    for (HeadDims const h : kHeadDims) {
+      for (bool causal : {false, true}) {
+        VarlenCase c{dtype, h.qk, causal, len_q, len_k};
+        c.head_dim_v = h.v_arg();
+        run_varlen(c, seed++);
+      }
     }
   }
   // One sequence; equal lengths, as a fixed-length batch holds them.
   run_varlen({DType::kBF16, 128, false, {3000}, {2000}, 4, 4}, seed++);
   run_varlen({DType::kBF16, 64, true, {512, 512, 512}, {512, 512, 512}, 8, 8}, seed++);
-  for (int d : {64, 128, 256}) {
+  for (HeadDims const h : {HeadDims{64, 64}, HeadDims{128, 128}, HeadDims{256, 256}, HeadDims{192, 128}}) {
+    int const d = h.qk;
     for (bool causal : {false, true}) {
       // seqused below the packed lengths, MHA (dK, dV by TMA and row stores) and MQA.
-      run_varlen({DType::kBF16, d, causal, len_q, len_k, 4, 4, true}, seed++);
-      run_varlen({DType::kFP16, d, causal, len_q, len_k, 8, 1, true}, seed++);
+      VarlenCase mha{DType::kBF16, d, causal, len_q, len_k, 4, 4, true};
+      VarlenCase mqa{DType::kFP16, d, causal, len_q, len_k, 8, 1, true};
       // A window (with the causal mask: its left edge), softcapping, sinks.
       VarlenCase w{DType::kBF16, d, causal, len_q, len_k, 4, 2, true, 90, causal ? -1 : 30};
-      run_varlen(w, seed++);
       VarlenCase capped{DType::kFP16, d, causal, len_q, len_k};
       capped.softcap = 2.f;
       capped.sinks = true;
-      run_varlen(capped, seed++);
       VarlenCase sunk{DType::kBF16, d, causal, len_q, len_k, 4, 4, true};
       sunk.sinks = true;
-      run_varlen(sunk, seed++);
       // Deterministic mode: bitwise equal runs.
       VarlenCase det{DType::kBF16, d, causal, len_q, len_k, 4, 2, true};
       det.deterministic = true;
-      run_varlen(det, seed++);
+      for (VarlenCase c : {mha, mqa, w, capped, sunk, det}) {
+        c.head_dim_v = h.v_arg();
+        run_varlen(c, seed++);
+      }
     }
   }
 }

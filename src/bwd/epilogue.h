@@ -25,23 +25,28 @@ struct Epilogue {
   using Traits = Traits_;
   using Element = typename Traits::Element;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kHeadDimV = Traits::kHeadDimV;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kNumConsumerThreads = Traits::kNumConsumerThreads;
   using SharedStorage = typename Traits::SharedStorage;
-  // dK and dV use V's (N, d) layout in both buffers.
-  using SmemLayoutdKV = typename Traits::SmemLayoutV;
-  using TileShape = Shape<typename Traits::N, typename Traits::D>;
+  // dK in K's buffer and dV in V's, each (N, its head dim), laid out as V.
+  using SmemLayoutdK = typename Traits::SmemLayoutdK;
+  using SmemLayoutdV = typename Traits::SmemLayoutV;
+  using TileShapedK = Shape<typename Traits::N, typename Traits::D>;
+  using TileShapedV = Shape<typename Traits::N, typename Traits::Dv>;
 
   using GmemShape = typename Traits::GmemShape;
-  using GmemTensor = typename Traits::template GmemTensor<Element>;
-  using TmadKV = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutdKV{}, TileShape{}, _1{}));
+  using GmemTensordK = typename Traits::template GmemTensor<Element>;
+  using GmemTensordV = typename Traits::template GmemTensor<Element, kHeadDimV>;
+  using TmadK = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensordK{}, SmemLayoutdK{}, TileShapedK{}, _1{}));
+  using TmadV = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensordV{}, SmemLayoutdV{}, TileShapedV{}, _1{}));
 
   struct Params {
-    TmadKV tma_dk;
-    TmadKV tma_dv;
-    GmemShape shape_k;
+    TmadK tma_dk;
+    TmadV tma_dv;
+    GmemShape shape_k;  // dK's; dV's is Traits::shape_v of it
     float* dk_accum;  // GQA/MQA: dense [batch, heads_q, seqlen_k, d]
-    float* dv_accum;
+    float* dv_accum;  // dense [batch, heads_q, seqlen_k, dv]
     float* split_sums;    // WorkspaceLayout::split_sums, cleared by the preprocess
     int* split_arrivals;  // WorkspaceLayout::split_arrivals, likewise
     bool grouped;
@@ -64,20 +69,26 @@ struct Epilogue {
 
   // A split tile's part: adds its dK and dV to the tile's sums and counts
   // itself in. The last part to arrive takes the sums and goes on to store
-  // the tile; the others are done (false).
-  template <class Frag>
-  CUTE_DEVICE static bool gather_parts(Params const& p, SharedStorage& smem, Frag& tdKrdK, Frag& tdVrdV,
+  // the tile; the others are done (false). dK's and dV's registers in one
+  // pass (dV's fewer where V's head dim is smaller).
+  template <class FragdK, class FragdV>
+  CUTE_DEVICE static bool gather_parts(Params const& p, SharedStorage& smem, FragdK& tdKrdK, FragdV& tdVrdV,
                                        TilePart const& work, int thread_idx) {
-    constexpr int kTileElements = kBlockN * kHeadDim;
-    float* const dk_sum = p.split_sums + int64_t(work.split_index) * 2 * kTileElements;
-    float* const dv_sum = dk_sum + kTileElements;
+    constexpr int kdKElements = kBlockN * kHeadDim, kdVElements = kBlockN * kHeadDimV;
+    constexpr int kRegisters = cute::max(decltype(size(tdKrdK))::value, decltype(size(tdVrdV))::value);
+    float* const dk_sum = p.split_sums + int64_t(work.split_index) * (kdKElements + kdVElements);
+    float* const dv_sum = dk_sum + kdKElements;
     CUTE_UNROLL
-    for (int i = 0; i < size(tdKrdK); i += 4) {
+    for (int i = 0; i < kRegisters; i += 4) {
       int const at = fragment_offset(thread_idx, i, kNumConsumerThreads);
-      atomicAdd(reinterpret_cast<float4*>(dk_sum + at),
-                make_float4(tdKrdK(i), tdKrdK(i + 1), tdKrdK(i + 2), tdKrdK(i + 3)));
-      atomicAdd(reinterpret_cast<float4*>(dv_sum + at),
-                make_float4(tdVrdV(i), tdVrdV(i + 1), tdVrdV(i + 2), tdVrdV(i + 3)));
+      if (i < size(tdKrdK)) {
+        atomicAdd(reinterpret_cast<float4*>(dk_sum + at),
+                  make_float4(tdKrdK(i), tdKrdK(i + 1), tdKrdK(i + 2), tdKrdK(i + 3)));
+      }
+      if (i < size(tdVrdV)) {
+        atomicAdd(reinterpret_cast<float4*>(dv_sum + at),
+                  make_float4(tdVrdV(i), tdVrdV(i + 1), tdVrdV(i + 2), tdVrdV(i + 3)));
+      }
     }
     // The barrier orders every thread's adds before thread 0's count, which
     // releases them to the other parts and acquires theirs for the last one.
@@ -89,36 +100,43 @@ struct Epilogue {
     cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
     if (smem.arrival != work.parts - 1) return false;
     CUTE_UNROLL
-    for (int i = 0; i < size(tdKrdK); i += 4) {
+    for (int i = 0; i < kRegisters; i += 4) {
       int const at = fragment_offset(thread_idx, i, kNumConsumerThreads);
-      float4 const k = __ldcg(reinterpret_cast<float4 const*>(dk_sum + at));
-      float4 const v = __ldcg(reinterpret_cast<float4 const*>(dv_sum + at));
-      tdKrdK(i) = k.x, tdKrdK(i + 1) = k.y, tdKrdK(i + 2) = k.z, tdKrdK(i + 3) = k.w;
-      tdVrdV(i) = v.x, tdVrdV(i + 1) = v.y, tdVrdV(i + 2) = v.z, tdVrdV(i + 3) = v.w;
+      if (i < size(tdKrdK)) {
+        float4 const k = __ldcg(reinterpret_cast<float4 const*>(dk_sum + at));
+        tdKrdK(i) = k.x, tdKrdK(i + 1) = k.y, tdKrdK(i + 2) = k.z, tdKrdK(i + 3) = k.w;
+      }
+      if (i < size(tdVrdV)) {
+        float4 const v = __ldcg(reinterpret_cast<float4 const*>(dv_sum + at));
+        tdVrdV(i) = v.x, tdVrdV(i + 1) = v.y, tdVrdV(i + 2) = v.z, tdVrdV(i + 3) = v.w;
+      }
     }
     return true;
   }
 
-  template <class Frag>
-  CUTE_DEVICE static void store(Params const& p, SharedStorage& smem, Frag& tdKrdK, Frag const& tdVrdV, int n_block,
-                                int head, int batch, int thread_idx) {
+  template <class FragdK, class FragdV>
+  CUTE_DEVICE static void store(Params const& p, SharedStorage& smem, FragdK& tdKrdK, FragdV const& tdVrdV,
+                                int n_block, int head, int batch, int thread_idx) {
     CUTE_UNROLL
     for (int i = 0; i < size(tdKrdK); ++i) tdKrdK(i) *= p.softmax_scale;
     if (p.grouped) {
       store_fp32(p, smem, tdKrdK, tdVrdV, n_block, head, batch, thread_idx);
       return;
     }
-    Tensor sdK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutdKV{});
-    Tensor sdV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutdKV{});
+    Tensor sdK = make_tensor(make_smem_ptr(smem.k.data()), SmemLayoutdK{});
+    Tensor sdV = make_tensor(make_smem_ptr(smem.v.data()), SmemLayoutdV{});
     // The same buffers viewed as the accumulators' (rows, columns).
-    Tensor sdKacc = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutdKVAcc{});
-    Tensor sdVacc = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutdKVAcc{});
-    auto r2s = make_tiled_copy_C(Copy_Atom<typename Traits::StoreAtomdKV, Element>{}, typename Traits::TiledMmadKV{});
-    auto thr_r2s = r2s.get_thread_slice(thread_idx);
+    Tensor sdKacc = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutdKAcc{});
+    Tensor sdVacc = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutdVAcc{});
+    using StoreAtom = Copy_Atom<typename Traits::StoreAtomdKV, Element>;
+    auto r2s_dk = make_tiled_copy_C(StoreAtom{}, typename Traits::TiledMmadK{});
+    auto r2s_dv = make_tiled_copy_C(StoreAtom{}, typename Traits::TiledMmadV{});
+    auto thr_r2s_dk = r2s_dk.get_thread_slice(thread_idx);
+    auto thr_r2s_dv = r2s_dv.get_thread_slice(thread_idx);
     // K and V are free once both warpgroups' last GEMMs have read them.
     cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
-    copy(r2s, thr_r2s.retile_S(convert_fragment<Element>(tdKrdK)), thr_r2s.partition_D(sdKacc));
-    copy(r2s, thr_r2s.retile_S(convert_fragment<Element>(tdVrdV)), thr_r2s.partition_D(sdVacc));
+    copy(r2s_dk, thr_r2s_dk.retile_S(convert_fragment<Element>(tdKrdK)), thr_r2s_dk.partition_D(sdKacc));
+    copy(r2s_dv, thr_r2s_dv.retile_S(convert_fragment<Element>(tdVrdV)), thr_r2s_dv.partition_D(sdVacc));
     cutlass::arch::fence_view_async_shared();  // stmatrix (generic proxy), then TMA (async proxy)
     cutlass::arch::NamedBarrier::sync(kNumConsumerThreads, uint32_t(Barrier::kEpilogue));
     if constexpr (Traits::kPacked) {
@@ -134,8 +152,9 @@ struct Epilogue {
         if constexpr (Traits::kPacked) return domain_offset(make_coord(smem.sequence[kFirstK], _0{}), m(_, _, head_kv, 0));
         else return m(_, _, head_kv, batch);
       };
-      Tensor gdK = local_tile(sequence(p.tma_dk.get_tma_tensor(p.shape_k)), TileShape{}, make_coord(n_block, _0{}));
-      Tensor gdV = local_tile(sequence(p.tma_dv.get_tma_tensor(p.shape_k)), TileShape{}, make_coord(n_block, _0{}));
+      Tensor gdK = local_tile(sequence(p.tma_dk.get_tma_tensor(p.shape_k)), TileShapedK{}, make_coord(n_block, _0{}));
+      Tensor gdV = local_tile(sequence(p.tma_dv.get_tma_tensor(Traits::shape_v(p.shape_k))), TileShapedV{},
+                              make_coord(n_block, _0{}));
       auto tma_dk = p.tma_dk.get_slice(_0{});
       auto tma_dv = p.tma_dv.get_slice(_0{});
       copy(p.tma_dk, tma_dk.partition_S(sdK), tma_dk.partition_D(gdK));
@@ -147,49 +166,62 @@ struct Epilogue {
 
  private:
   // A packed sequence's last `rows` keys of dK and dV, from packed row
-  // `row0`, out of the (N, d) buffers by every consumer thread, 16 bytes at
-  // a time (the buffers' swizzle keeps 8 columns' 16 bytes together).
-  template <class SmemTensor>
-  CUTE_DEVICE static void store_rows(Params const& p, SmemTensor const& sdK, SmemTensor const& sdV, int row0, int rows,
+  // `row0`, out of their (N, d) and (N, dv) buffers by every consumer thread,
+  // 16 bytes at a time (the buffers' swizzle keeps 8 columns' 16 bytes
+  // together), both in one pass over the wider rows.
+  template <class SmemdK, class SmemdV>
+  CUTE_DEVICE static void store_rows(Params const& p, SmemdK const& sdK, SmemdV const& sdV, int row0, int rows,
                                      int head, int thread_idx) {
     constexpr int kVec = 16 / sizeof(Element);
-    constexpr int kVecs = kHeadDim / kVec;
+    constexpr int kVecs = cute::max(kHeadDim, kHeadDimV) / kVec;
     for (int i = thread_idx; i < rows * kVecs; i += kNumConsumerThreads) {
       int const r = i / kVecs, c = i % kVecs * kVec;
       int64_t const row = row0 + r;
-      *reinterpret_cast<uint4*>(p.dk + row * p.dk_strides[0] + head * p.dk_strides[1] + c) =
-          *reinterpret_cast<uint4 const*>(&sdK(r, c));
-      *reinterpret_cast<uint4*>(p.dv + row * p.dv_strides[0] + head * p.dv_strides[1] + c) =
-          *reinterpret_cast<uint4 const*>(&sdV(r, c));
+      if (c < kHeadDim) {
+        *reinterpret_cast<uint4*>(p.dk + row * p.dk_strides[0] + head * p.dk_strides[1] + c) =
+            *reinterpret_cast<uint4 const*>(&sdK(r, c));
+      }
+      if (c < kHeadDimV) {
+        *reinterpret_cast<uint4*>(p.dv + row * p.dv_strides[0] + head * p.dv_strides[1] + c) =
+            *reinterpret_cast<uint4 const*>(&sdV(r, c));
+      }
     }
   }
 
-  // Accumulator elements 2i and 2i+1 are adjacent columns of one row: two
-  // columns of d, or with the queries on the GEMMs' rows, two keys.
-  template <class Frag>
-  CUTE_DEVICE static void store_fp32(Params const& p, SharedStorage const& smem, Frag const& tdKrdK,
-                                     Frag const& tdVrdV, int n_block, int head, int batch, int thread_idx) {
-    Tensor coords = typename Traits::TiledMmadKV{}.get_thread_slice(thread_idx).partition_C(
-        keys_first_identity<Traits>(select<0, 1>(typename Traits::TileShapedKV{})));  // (key, column)
+  // dK's and dV's accumulators to their fp32 rows, in one pass over the
+  // registers (dV's fewer where V's head dim is smaller). Accumulator
+  // elements 2i and 2i+1 are adjacent columns of one row: two columns, or
+  // with the queries on the GEMMs' rows, two keys.
+  template <class FragdK, class FragdV>
+  CUTE_DEVICE static void store_fp32(Params const& p, SharedStorage const& smem, FragdK const& tdKrdK,
+                                     FragdV const& tdVrdV, int n_block, int head, int batch, int thread_idx) {
+    // (key, column) of each register.
+    Tensor coords_k = typename Traits::TiledMmadK{}.get_thread_slice(thread_idx).partition_C(
+        keys_first_identity<Traits>(select<0, 1>(typename Traits::TileShapedK{})));
+    Tensor coords_v = typename Traits::TiledMmadV{}.get_thread_slice(thread_idx).partition_C(
+        keys_first_identity<Traits>(select<0, 1>(typename Traits::TileShapedV{})));
     int const key0 = n_block * kBlockN;
     // Packed sequences: the one batch entry's rows from the sequence's first,
     // the keys up to its packed length (zeros past those that take part).
     int64_t const base = Traits::kPacked ? int64_t(head) * p.seqlen_k + smem.sequence[kFirstK]
                                          : (int64_t(batch) * p.num_heads_q + head) * p.seqlen_k;
     int const key_end = Traits::kPacked ? smem.sequence[kLenK] : p.seqlen_k;
-    constexpr int kRun = Traits::kQueriesOnRows ? 1 : 2;  // adjacent columns of d per store
+    constexpr int kRun = Traits::kQueriesOnRows ? 1 : 2;  // adjacent columns per store
+    constexpr int kRegisters = cute::max(decltype(size(tdKrdK))::value, decltype(size(tdVrdV))::value);
     CUTE_UNROLL
-    for (int i = 0; i < size(tdKrdK); i += kRun) {
-      int const key = key0 + get<0>(coords(i));
-      if (key >= key_end) continue;
-      int64_t const at = (base + key) * kHeadDim + get<1>(coords(i));
-      if constexpr (kRun == 2) {
-        *reinterpret_cast<float2*>(p.dk_accum + at) = make_float2(tdKrdK(i), tdKrdK(i + 1));
-        *reinterpret_cast<float2*>(p.dv_accum + at) = make_float2(tdVrdV(i), tdVrdV(i + 1));
-      } else {
-        p.dk_accum[at] = tdKrdK(i);
-        p.dv_accum[at] = tdVrdV(i);
-      }
+    for (int i = 0; i < kRegisters; i += kRun) {
+      auto store = [&](float* accum, auto const& frag, auto const& coords, int dim) {
+        int const key = key0 + get<0>(coords(i));
+        if (key >= key_end) return;
+        int64_t const at = (base + key) * dim + get<1>(coords(i));
+        if constexpr (kRun == 2) {
+          *reinterpret_cast<float2*>(accum + at) = make_float2(frag(i), frag(i + 1));
+        } else {
+          accum[at] = frag(i);
+        }
+      };
+      if (i < size(tdKrdK)) store(p.dk_accum, tdKrdK, coords_k, kHeadDim);
+      if (i < size(tdVrdV)) store(p.dv_accum, tdVrdV, coords_v, kHeadDimV);
     }
   }
 };

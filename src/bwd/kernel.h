@@ -121,9 +121,8 @@ struct Kernel {
       // Consumers (lines 5, 7-16).
       cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
       int const thread_idx = threadIdx.x - cutlass::NumThreadsPerWarpGroup;
-      typename Traits::TiledMmadKV tiled_mma_dkv;
-      Tensor tdKrdK = partition_fragment_C(tiled_mma_dkv, select<0, 1>(typename Traits::TileShapedKV{}));
-      Tensor tdVrdV = partition_fragment_C(tiled_mma_dkv, select<0, 1>(typename Traits::TileShapedKV{}));
+      Tensor tdKrdK = partition_fragment_C(typename Traits::TiledMmadK{}, select<0, 1>(typename Traits::TileShapedK{}));
+      Tensor tdVrdV = partition_fragment_C(typename Traits::TiledMmadV{}, select<0, 1>(typename Traits::TileShapedV{}));
       clear(tdKrdK);
       clear(tdVrdV);
       Work const w = work(params);

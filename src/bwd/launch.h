@@ -14,6 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -68,12 +69,14 @@ SumGroupsParams<Element> sum_groups_params(BackwardArgs const& a, float const* d
   strides_of(a.dk, p.dk_strides);
   strides_of(a.dv, p.dv_strides);
   Extents const e = extents_of(a);
-  p.elements = e.entries * e.rows_k * a.heads_kv * a.head_dim;
+  int64_t const head_dim_v = head_dim_v_of(a);
+  p.elements = e.entries * e.rows_k * a.heads_kv * std::max(a.head_dim, head_dim_v);
   p.seqlen_k = int(e.rows_k);
   p.rows_end = e.packed ? a.varlen.cu_seqlens_k + a.batch : nullptr;
   p.heads_kv = int(a.heads_kv);
   p.head_group = int(a.heads_q / a.heads_kv);
   p.head_dim = int(a.head_dim);
+  p.head_dim_v = int(head_dim_v);
   return p;
 }
 
@@ -144,7 +147,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   // The counters cleared (before the preprocess, which the main kernel does
   // not wait for as a whole), then line 2: D and the LSE, the dQ accumulator
   // cleared.
-  size_t const counters_end = w.split_sums + split.split_tiles * split_tile_bytes(a.head_dim, head_dim_v_of(a));
+  size_t const counters_end = w.split_sums + split.split_tiles * split_tile_bytes(Traits::kHeadDim, Traits::kHeadDimV);
   if ((err = cudaMemsetAsync(ws + w.ready, 0, counters_end - w.ready, stream)) != cudaSuccess) return err;
   PreprocessParams<Element> pre{};
   pre.o = static_cast<Element const*>(a.o.data);
@@ -169,7 +172,7 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
   // loses more than the preprocess costs, its SMs no longer ending their
   // last CTAs together as its last wave's split assumes (bwd/tail_split.h).
   bool const beside = Traits::kCausal || a.seqlen_q < kPreprocessBesideBelow;
-  preprocess_kernel<Element, Traits::kHeadDim, Traits::kPacked>
+  preprocess_kernel<Element, Traits::kHeadDim, Traits::kHeadDimV, Traits::kPacked>
       <<<preprocess_ctas(pre.items, device.num_sms, beside), kPreprocessThreads, 0, stream>>>(pre);
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
 
@@ -178,16 +181,20 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     params.scheduler = {int(tiles), n_blocks, int(a.heads_q), a.deterministic, split};
     auto& mp = params.mainloop;
     using MainloopT = typename KernelT::MainloopT;
-    auto const q = gmem_tensor<Traits::kHeadDim, Element>(a.q, e.rows_q, a.heads_q, e.entries);
-    auto const dout = gmem_tensor<Traits::kHeadDim, Element>(a.dout, e.rows_q, a.heads_q, e.entries);
-    auto const k = gmem_tensor<Traits::kHeadDim, Element>(a.k, e.rows_k, a.heads_kv, e.entries);
-    auto const v = gmem_tensor<Traits::kHeadDim, Element>(a.v, e.rows_k, a.heads_kv, e.entries);
+    // Q, K, dK of Q's head dim; dO, V, dV of V's.
+    constexpr int kHeadDim = Traits::kHeadDim, kHeadDimV = Traits::kHeadDimV;
+    auto const q = gmem_tensor<kHeadDim, Element>(a.q, e.rows_q, a.heads_q, e.entries);
+    auto const dout = gmem_tensor<kHeadDimV, Element>(a.dout, e.rows_q, a.heads_q, e.entries);
+    auto const k = gmem_tensor<kHeadDim, Element>(a.k, e.rows_k, a.heads_kv, e.entries);
+    auto const v = gmem_tensor<kHeadDimV, Element>(a.v, e.rows_k, a.heads_kv, e.entries);
     auto const tile_md = Shape<typename Traits::M, typename Traits::D>{};
+    auto const tile_mdv = Shape<typename Traits::M, typename Traits::Dv>{};
     auto const tile_nd = Shape<typename Traits::N, typename Traits::D>{};
+    auto const tile_ndv = Shape<typename Traits::N, typename Traits::Dv>{};
     mp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{}), tile_md, _1{});
-    mp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename Traits::SmemLayoutdO{}), tile_md, _1{});
+    mp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename Traits::SmemLayoutdO{}), tile_mdv, _1{});
     mp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::SmemLayoutK{}, tile_nd, _1{});
-    mp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::SmemLayoutV{}, tile_nd, _1{});
+    mp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::SmemLayoutV{}, tile_ndv, _1{});
     mp.dq_tiles = int(e.entries * a.heads_q * m_blocks);
     Tensor dq_tensor = make_tensor(make_gmem_ptr(dq_accum),
                                    make_layout(make_shape(_256{}, Int<Traits::kdQRows>{}, mp.dq_tiles * Traits::kdQChunks),
@@ -217,11 +224,11 @@ cudaError_t enqueue_backward(BackwardArgs const& a, DeviceInfo const& device, ch
     auto& ep = params.epilogue;
     // MHA: TMA stores to dK, dV. GQA: fp32 per query head to the workspace
     // (the descriptors still need a valid tensor: dK's own).
-    auto const dk = gmem_tensor<Traits::kHeadDim, Element>(a.dk, e.rows_k, a.heads_kv, e.entries);
-    auto const dv = gmem_tensor<Traits::kHeadDim, Element>(a.dv, e.rows_k, a.heads_kv, e.entries);
-    using SmemLayoutdKV = typename KernelT::EpilogueT::SmemLayoutdKV;
-    ep.tma_dk = make_tma_copy(SM90_TMA_STORE{}, dk, SmemLayoutdKV{}, tile_nd, _1{});
-    ep.tma_dv = make_tma_copy(SM90_TMA_STORE{}, dv, SmemLayoutdKV{}, tile_nd, _1{});
+    auto const dk = gmem_tensor<kHeadDim, Element>(a.dk, e.rows_k, a.heads_kv, e.entries);
+    auto const dv = gmem_tensor<kHeadDimV, Element>(a.dv, e.rows_k, a.heads_kv, e.entries);
+    using EpilogueT = typename KernelT::EpilogueT;
+    ep.tma_dk = make_tma_copy(SM90_TMA_STORE{}, dk, typename EpilogueT::SmemLayoutdK{}, tile_nd, _1{});
+    ep.tma_dv = make_tma_copy(SM90_TMA_STORE{}, dv, typename EpilogueT::SmemLayoutdV{}, tile_ndv, _1{});
     ep.shape_k = dk.shape();
     ep.dk_accum = dk_accum;
     ep.dv_accum = dv_accum;

@@ -34,12 +34,15 @@ struct Mainloop {
 
   using GmemShape = typename Traits::GmemShape;
   using GmemTensor = typename Traits::template GmemTensor<Element const>;
+  using GmemTensorV = typename Traits::template GmemTensor<Element const, Traits::kHeadDimV>;
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(typename Traits::SmemLayoutQ{}),
                                       Shape<typename Traits::M, typename Traits::D>{}, _1{}));
+  using TmadO = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorV{}, take<0, 2>(typename Traits::SmemLayoutdO{}),
+                                       Shape<typename Traits::M, typename Traits::Dv>{}, _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, typename Traits::SmemLayoutK{},
                                       Shape<typename Traits::N, typename Traits::D>{}, _1{}));
-  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, typename Traits::SmemLayoutV{},
-                                      Shape<typename Traits::N, typename Traits::D>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorV{}, typename Traits::SmemLayoutV{},
+                                      Shape<typename Traits::N, typename Traits::Dv>{}, _1{}));
   // The global dQ accumulator as (256, rows, tiles x chunks): a tile per
   // (batch, head, m_block), each in kdQChunks parts.
   using dQAccumShape = Shape<_256, Int<Traits::kdQRows>, int32_t>;
@@ -49,13 +52,13 @@ struct Mainloop {
                                        typename Traits::TileShapedQAccum{}, _1{}));
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kdOBytes = kQBytes;
+  static constexpr uint32_t kdOBytes = kBlockM * Traits::kHeadDimV * sizeof(Element);
   static constexpr uint32_t kLseDBytes = 2 * kBlockM * sizeof(float);
-  static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * (kHeadDim + Traits::kHeadDimV) * sizeof(Element);
 
   struct Params {
     TmaQ tma_q;
-    TmaQ tma_do;
+    TmadO tma_do;
     TmaK tma_k;
     TmaV tma_v;
     TmadQ tma_dq;
@@ -149,15 +152,17 @@ struct Mainloop {
                                int n_block, int head, int batch, QueryRange range) {
     int const head_kv = head / p.head_group;
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
-    Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
+    Tensor mdO = p.tma_do.get_tma_tensor(Traits::shape_v(p.shape_q));
     Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
-    Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+    Tensor mV = p.tma_v.get_tma_tensor(Traits::shape_v(p.shape_k));
     auto tile_md = Shape<typename Traits::M, typename Traits::D>{};
+    auto tile_mdv = Shape<typename Traits::M, typename Traits::Dv>{};
     auto tile_nd = Shape<typename Traits::N, typename Traits::D>{};
+    auto tile_ndv = Shape<typename Traits::N, typename Traits::Dv>{};
     Tensor gQ = local_tile(sequence_rows(mQ, smem, kFirstQ, head, batch), tile_md, make_coord(_, _0{}));  // (M, d, m_blocks)
-    Tensor gdO = local_tile(sequence_rows(mdO, smem, kFirstQ, head, batch), tile_md, make_coord(_, _0{}));
+    Tensor gdO = local_tile(sequence_rows(mdO, smem, kFirstQ, head, batch), tile_mdv, make_coord(_, _0{}));
     Tensor gK = local_tile(sequence_rows(mK, smem, kFirstK, head_kv, batch), tile_nd, make_coord(n_block, _0{}));
-    Tensor gV = local_tile(sequence_rows(mV, smem, kFirstK, head_kv, batch), tile_nd, make_coord(n_block, _0{}));
+    Tensor gV = local_tile(sequence_rows(mV, smem, kFirstK, head_kv, batch), tile_ndv, make_coord(n_block, _0{}));
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutdO{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});
@@ -400,16 +405,18 @@ struct Mainloop {
 
   // Algorithm 3, lines 7-15 for every query block, dK_j and dV_j accumulated
   // in registers. thread_idx counts the consumer threads from 0.
-  template <class FragdKV>
+  template <class FragdK, class FragdV>
   CUTE_DEVICE static void mma(Params const& p, SharedStorage& smem, PipelineQ& pipeline_q, PipelinedO& pipeline_do,
-                              PipelineLseD& pipeline_lse, PipelinedQ& pipeline_dq, FragdKV& tdKrdK, FragdKV& tdVrdV,
+                              PipelineLseD& pipeline_lse, PipelinedQ& pipeline_dq, FragdK& tdKrdK, FragdV& tdVrdV,
                               int n_block, int head, int batch, QueryRange range, int thread_idx) {
     constexpr bool kSplitHeadDim = Traits::kSplitHeadDim;
     typename Traits::TiledMmaSdP tiled_mma_sdp;
-    typename Traits::TiledMmadKV tiled_mma_dkv;
+    typename Traits::TiledMmadK tiled_mma_dk;
+    typename Traits::TiledMmadV tiled_mma_dv;
     typename Traits::TiledMmadQ tiled_mma_dq;
     auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(thread_idx);
-    auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(thread_idx);
+    auto thr_mma_dk = tiled_mma_dk.get_thread_slice(thread_idx);
+    auto thr_mma_dv = tiled_mma_dv.get_thread_slice(thread_idx);
     auto thr_mma_dq = tiled_mma_dq.get_thread_slice(thread_idx);
 
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
@@ -427,8 +434,8 @@ struct Mainloop {
     Tensor tSrQ = other_operand(thr_mma_sdp, sQ);  // (MMA, MMA_M or MMA_N, MMA_K, stages)
     Tensor tdPrV = keys_operand(thr_mma_sdp, sV);
     Tensor tdPrdO = other_operand(thr_mma_sdp, sdO);
-    Tensor tdVrdO = other_operand(thr_mma_dkv, sdOt);
-    Tensor tdKrQ = other_operand(thr_mma_dkv, sQt);
+    Tensor tdVrdO = other_operand(thr_mma_dv, sdOt);
+    Tensor tdKrQ = other_operand(thr_mma_dk, sQt);
     Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_K, buffers)
     // K^T in the dQ GEMM's column parts: (MMA, MMA_N, MMA_K, parts).
     using DqPartShape = Shape<typename Traits::M, Int<kHeadDim / Traits::kdQParts>>;
@@ -505,9 +512,9 @@ struct Mainloop {
     };
     // The keys' operand of the dV (dK) GEMM: P^T (dS^T) in registers, or with
     // the head dim split from shared memory (each warpgroup needs every query's column).
-    auto dkv_operand = [&](auto& r, auto const& s_t) {
+    auto dkv_operand = [&](auto const& thr_mma, auto& r, auto const& s_t) {
       if constexpr (kSplitHeadDim) {
-        return keys_operand(thr_mma_dkv, s_t)(_, _, _, buffer);
+        return keys_operand(thr_mma, s_t)(_, _, _, buffer);
       } else {
         return make_tensor(r.data(), accumulator_as_operand_a(r.layout()));
       }
@@ -561,7 +568,8 @@ struct Mainloop {
       // Line 12: dV += P^T dO_i.
       Tensor rP = convert_fragment<Element>(tSrS);
       if constexpr (kSplitHeadDim) share(rP, tPsP, Barrier::kPReady);
-      keys_gemm</*kZeroInit=*/false>(tiled_mma_dkv, dkv_operand(rP, sPt), tdVrdO(_, _, _, stage_do), tdVrdV);
+      keys_gemm</*kZeroInit=*/false>(tiled_mma_dv, dkv_operand(thr_mma_dv, rP, sPt), tdVrdO(_, _, _, stage_do),
+                                     tdVrdV);
 
       // Line 11: dS = P o (dP - D), while dV's GEMM runs.
       // With softcapping times its slope.
@@ -595,7 +603,8 @@ struct Mainloop {
         return acc;
       };
       Tensor tdQrdQ = dq_gemm(0);
-      keys_gemm</*kZeroInit=*/false>(tiled_mma_dkv, dkv_operand(rdS, sdSt), tdKrQ(_, _, _, stage_q), tdKrdK);
+      keys_gemm</*kZeroInit=*/false>(tiled_mma_dk, dkv_operand(thr_mma_dk, rdS, sdSt), tdKrQ(_, _, _, stage_q),
+                                     tdKrdK);
       buffer ^= 1;
       warpgroup_wait<1>();
       if constexpr (Traits::kStagesdO == 1) pipeline_do.consumer_release(read_do);

@@ -130,23 +130,24 @@ __global__ void __launch_bounds__(Traits::kNumConsumerThreads)
 
 template <class Element>
 struct SumGroupsParams {
-  float const* dk_accum;  // [batch, heads_q, seqlen_k, d]; nullptr: write zeros
-  float const* dv_accum;
+  float const* dk_accum;  // [batch, heads_q, seqlen_k, head_dim]; nullptr: write zeros
+  float const* dv_accum;  // [batch, heads_q, seqlen_k, head_dim_v]
   Element* dk;
   Element* dv;
   int64_t dk_strides[3];
   int64_t dv_strides[3];
-  int64_t elements;  // batch * seqlen_k * heads_kv * d
+  int64_t elements;  // batch * seqlen_k * heads_kv * max(head_dim, head_dim_v)
   int seqlen_k;
   int heads_kv;
   int head_group;
-  int head_dim;
+  int head_dim;    // dK's columns
+  int head_dim_v;  // dV's
   int const* rows_end;  // packed sequences (one batch entry of total_k rows): cu_seqlens_k + batch
 };
 
 // dK[b, j, h] = sum over the group's query heads g of dK_accum[b, h * group + g, j],
-// a thread per element. Packed sequences: rows past the last sequence's
-// belong to none and are not written.
+// and dV's likewise, a thread per column of the wider of the two. Packed
+// sequences: rows past the last sequence's belong to none and are not written.
 constexpr int kSumGroupsThreads = 256;
 
 template <class Element, bool kPacked = false>
@@ -154,24 +155,30 @@ __global__ void __launch_bounds__(kSumGroupsThreads) sum_groups_kernel(SumGroups
   wait_for_earlier_grid();  // the postprocess, which ends after the main kernel's dK, dV sums
   int64_t const i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.elements) return;
-  int const col = int(i % p.head_dim);
-  int64_t const rest = i / p.head_dim;
+  int const width = max(p.head_dim, p.head_dim_v);
+  int const col = int(i % width);
+  int64_t const rest = i / width;
   int const head = int(rest % p.heads_kv);
   int const key = int(rest / p.heads_kv % p.seqlen_k);
   int const batch = int(rest / p.heads_kv / p.seqlen_k);
   if (kPacked && key >= *p.rows_end) return;
-  float dk = 0.f, dv = 0.f;
-  if (p.dk_accum != nullptr) {
-    for (int g = 0; g < p.head_group; ++g) {
-      int64_t const at =
-          ((int64_t(batch) * p.heads_kv * p.head_group + head * p.head_group + g) * p.seqlen_k + key) * p.head_dim +
-          col;
-      dk += p.dk_accum[at];
-      dv += p.dv_accum[at];
+  // The group's query heads' rows: (row + g) * dim + col.
+  int64_t const row = (int64_t(batch) * p.heads_kv * p.head_group + head * p.head_group) * p.seqlen_k + key;
+  auto group_sum = [&](float const* accum, int dim) {
+    float sum = 0.f;
+    if (accum != nullptr) {
+      for (int g = 0; g < p.head_group; ++g) sum += accum[(row + int64_t(g) * p.seqlen_k) * dim + col];
     }
+    return Element(sum);
+  };
+  if (col < p.head_dim) {
+    p.dk[batch * p.dk_strides[0] + key * p.dk_strides[1] + head * p.dk_strides[2] + col] =
+        group_sum(p.dk_accum, p.head_dim);
   }
-  p.dk[batch * p.dk_strides[0] + key * p.dk_strides[1] + head * p.dk_strides[2] + col] = Element(dk);
-  p.dv[batch * p.dv_strides[0] + key * p.dv_strides[1] + head * p.dv_strides[2] + col] = Element(dv);
+  if (col < p.head_dim_v) {
+    p.dv[batch * p.dv_strides[0] + key * p.dv_strides[1] + head * p.dv_strides[2] + col] =
+        group_sum(p.dv_accum, p.head_dim_v);
+  }
 }
 
 }  // namespace flash3::bwd

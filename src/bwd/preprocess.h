@@ -1,9 +1,10 @@
-// Backward preprocess (Algorithm 3, line 2): D_i = rowsum(dO_i o O_i), and
-// the forward's LSE in log2 units, both padded to whole query blocks so that
-// the producer copies one block of each with a single bulk copy. Padding rows
-// get D = 0 and LSE = +inf, which makes their P (and so everything they add
-// to dK and dV) zero. It also clears the dQ accumulator, head_dim floats per
-// row (the accumulator's tiles are bwd_block_m(head_dim) rows of head_dim floats each).
+// Backward preprocess (Algorithm 3, line 2): D_i = rowsum(dO_i o O_i) over
+// V's head dim, and the forward's LSE in log2 units, both padded to whole
+// query blocks so that the producer copies one block of each with a single
+// bulk copy. Padding rows get D = 0 and LSE = +inf, which makes their P (and
+// so everything they add to dK and dV) zero. It also clears the dQ
+// accumulator, head_dim floats per row (the accumulator's tiles are
+// bwd_block_m(head_dim) rows of head_dim floats each).
 //
 // It runs beside the main kernel: an eighth of the SMs take items of
 // kPreprocessItemRows rows of one (batch, head), in order, and count each
@@ -82,11 +83,12 @@ __device__ __forceinline__ int64_t packed_source_row(PreprocessParams<Element> c
   return r < p.lengths.q(b) ? int64_t(p.lengths.cu_seqlens_q[b]) + r : -1;
 }
 
-template <class Element, int kHeadDim, bool kPacked = false>
+// kHeadDim: Q's (the dQ accumulator's columns); kHeadDimV: O's and dO's.
+template <class Element, int kHeadDim, int kHeadDimV, bool kPacked = false>
 __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(PreprocessParams<Element> const p) {
   let_dependents_start();  // the main kernel starts on the other SMs at once
   constexpr int kVec = 16 / sizeof(Element);
-  constexpr int kVecs = (kHeadDim / kVec + kPreprocessThreadsPerRow - 1) / kPreprocessThreadsPerRow;  // a row's, per thread
+  constexpr int kVecs = (kHeadDimV / kVec + kPreprocessThreadsPerRow - 1) / kPreprocessThreadsPerRow;  // a row's, per thread
   constexpr int kRowsPerPass = kPreprocessThreads / kPreprocessThreadsPerRow;
   constexpr int kPasses = kPreprocessItemRows / kRowsPerPass;
   constexpr int kRowsAtOnce = kVecs >= 4 ? 1 : 4 / kVecs;  // rows whose loads are in flight together
@@ -118,12 +120,12 @@ __global__ void __launch_bounds__(kPreprocessThreads) preprocess_kernel(Preproce
         for (int v = 0; v < kVecs; ++v) {
           int const c = (part + v * kPreprocessThreadsPerRow) * kVec;
           if constexpr (kPacked) {
-            bool const in = source[r] >= 0 && c < kHeadDim;
+            bool const in = source[r] >= 0 && c < kHeadDimV;
             ov[r][v] = in ? *reinterpret_cast<uint4 const*>(o + source[r] * p.o_strides[1] + c) : make_uint4(0, 0, 0, 0);
             dov[r][v] =
                 in ? *reinterpret_cast<uint4 const*>(dout + source[r] * p.do_strides[1] + c) : make_uint4(0, 0, 0, 0);
           } else {
-            bool const in = q < p.seqlen_q && c < kHeadDim;
+            bool const in = q < p.seqlen_q && c < kHeadDimV;
             ov[r][v] = in ? *reinterpret_cast<uint4 const*>(o + q * p.o_strides[1] + c) : make_uint4(0, 0, 0, 0);
             dov[r][v] = in ? *reinterpret_cast<uint4 const*>(dout + q * p.do_strides[1] + c) : make_uint4(0, 0, 0, 0);
           }

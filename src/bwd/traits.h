@@ -6,9 +6,11 @@
 // i of kBlockM rows, with two consumer warpgroups:
 //   S^T  = K_j Q_i^T        (N x M)  SS
 //   dP^T = V_j dO_i^T       (N x M)  SS
-//   dV  += P^T dO_i         (N x d)
+//   dV  += P^T dO_i         (N x dv)
 //   dK  += dS^T Q_i         (N x d)
 //   dQ_i = dS K_j           (M x d)  SS   dS through shared memory; warpgroups split M or d
+// (dv is V's head dim, d Q's and K's: the same, or a pair of
+// common/head_dims.inc, whose dP^T = V_j dO_i^T runs over dv.)
 // Computing S and dP transposed puts the keys on the accumulator's rows, so
 // P^T and dS^T are the A operands of the dV and dK GEMMs.
 //
@@ -57,10 +59,12 @@ CUTE_HOST_DEVICE constexpr auto ss_atom() {
   else return GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kN>, _16>, kMajorA, kMajorB>();
 }
 
-template <class Element_, int kHeadDim_, bool kCausal_, bool kSoftcap_ = false, bool kPacked_ = false>
+template <class Element_, int kHeadDim_, bool kCausal_, bool kSoftcap_ = false, bool kPacked_ = false,
+          int kHeadDimV_ = kHeadDim_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;  // V's, O's, dO's and dV's
   static constexpr bool kCausal = kCausal_;
   // Packed sequences (varlen): each CTA's sequence offsets and lengths, read
   // from device memory (as runtime branches they lengthened every kernel).
@@ -78,9 +82,13 @@ struct BwdTraits {
   // memory per query row, and is faster for it. Head dim split: dK and dV d/4
   // each, S^T and dP^T M/4, dQ d/4: 176 at d = 192; with the queries on the
   // rows at d = 256, dK^T and dV^T N d / 256 each (80), S and dP N/4 (20), dQ
-  // d/4 (64: beside dK^T and dV^T it spilled, so in halves, kdQParts).
+  // d/4 (64: beside dK^T and dV^T it spilled, so in halves, kdQParts). With
+  // V's 128 beside Q's 192, dV takes dv/4 (32): the head dim split's tiles
+  // and layouts, at 160.
   static constexpr bool kSplitHeadDim = kHeadDim > 128;
   static constexpr bool kQueriesOnRows = kHeadDim > 192;
+  static_assert(kHeadDimV == kHeadDim || (kSplitHeadDim && !kQueriesOnRows),
+                "V's head dim of its own is built with the head dim split and the keys on the rows");
   static constexpr int kBlockM = bwd_block_m(kHeadDim);
   static constexpr int kBlockN = bwd_block_n(kHeadDim);
   // With the keys on the GEMMs' rows, a warpgroup's 64 rows divide them.
@@ -120,19 +128,31 @@ struct BwdTraits {
   static constexpr int kConsumerRegisters = 240;
   static_assert(fits_launch_registers(kNumThreads, 128, kProducerRegisters, kConsumerRegisters));
 
-  // Global Q, K, V, O, dO as (seqlen, head_dim, heads, batch), 64-bit strides.
-  using GmemShape = Shape<int32_t, Int<kHeadDim>, int32_t, int32_t>;
+  // Global Q, K, V, O, dO as (seqlen, head_dim, heads, batch), 64-bit strides:
+  // Q, K (and dQ, dK) of kHeadDim columns (GmemShape), V, O, dO (and dV) of
+  // kHeadDimV.
+  template <int kDim>
+  using GmemShapeOf = Shape<int32_t, Int<kDim>, int32_t, int32_t>;
+  using GmemShape = GmemShapeOf<kHeadDim>;
   using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
-  template <class T>
-  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<T*>(nullptr)), GmemShape{}, GmemStride{}));
+  template <class T, int kDim = kHeadDim>
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<T*>(nullptr)), GmemShapeOf<kDim>{}, GmemStride{}));
+  // V's (dO's) shape: K's (Q's) rows, heads and batch, with V's head dim.
+  CUTE_HOST_DEVICE static auto shape_v(GmemShape const& s) {
+    return make_shape(get<0>(s), Int<kHeadDimV>{}, get<2>(s), get<3>(s));
+  }
 
   using M = Int<kBlockM>;
   using N = Int<kBlockN>;
   using D = Int<kHeadDim>;
-  // S^T, dP^T: (keys, queries, d), or S, dP: (queries, keys, d).
+  using Dv = Int<kHeadDimV>;
+  // S^T, dP^T: (keys, queries, d), or S, dP: (queries, keys, d) (dP's K mode dv).
   using TileShapeSdP = conditional_t<kQueriesOnRows, Shape<M, N, D>, Shape<N, M, D>>;
-  // dK, dV: (keys, d, queries), or dK^T, dV^T: (d, keys, queries).
-  using TileShapedKV = conditional_t<kQueriesOnRows, Shape<D, N, M>, Shape<N, D, M>>;
+  // dK, dV: (keys, d, queries), or dK^T, dV^T: (d, keys, queries); dV's d is dv.
+  template <class Dim>
+  using TileShapedKVOf = conditional_t<kQueriesOnRows, Shape<Dim, N, M>, Shape<N, Dim, M>>;
+  using TileShapedK = TileShapedKVOf<D>;
+  using TileShapedV = TileShapedKVOf<Dv>;
   using TileShapedQ = Shape<M, D, N>;   // dQ:         (queries, d, keys)
 
   // How the two warpgroups split each GEMM's (M, N) tile.
@@ -144,17 +164,21 @@ struct BwdTraits {
       decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float,
                                                    Shape<_64, Int<kSplitHeadDim ? kBlockM / 2 : kBlockM>, D>>(),
                               conditional_t<kSplitHeadDim, SplitCols, SplitRows>{}))>;
-  using TiledMmadKV = conditional_t<
+  // dK's GEMM over d columns, dV's over dv.
+  template <class Dim>
+  using TiledMmadKVOf = conditional_t<
       kQueriesOnRows,
       decltype(make_tiled_mma(ss_atom<Element, kBlockN, GMMA::Major::MN, GMMA::Major::K>(), SplitRows{})),
       conditional_t<kSplitHeadDim,
                     decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float,
-                                                                 Shape<_64, Int<kHeadDim / 2>, M>, GMMA::Major::K,
+                                                                 Shape<_64, Int<Dim::value / 2>, M>, GMMA::Major::K,
                                                                  GMMA::Major::MN>(),
                                             SplitCols{})),
-                    decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, D, M>,
+                    decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Dim, M>,
                                                                  GMMA::Major::K, GMMA::Major::MN>(),
                                             SplitRows{}))>>;
+  using TiledMmadK = TiledMmadKVOf<D>;
+  using TiledMmadV = TiledMmadKVOf<Dv>;
   // dQ: with M = 128 the warpgroups split the queries (m64 x d each, half of
   // dS as A), otherwise the head dim (M x d/2 each, all of dS; in kdQParts
   // GEMMs, each warpgroup's columns of a part contiguous).
@@ -168,22 +192,25 @@ struct BwdTraits {
                                                    GMMA::Major::MN>(),
                               SplitCols{}))>;
 
-  // The part of d one warpgroup's dK/dV GEMM covers: the swizzle atoms of Q,
-  // dO (read through transposed views) and V (dK, dV's epilogue buffer) divide it.
-  using DkvWidth = Int<kSplitHeadDim ? kHeadDim / 2 : kHeadDim>;
-  // Q and dO: (M, d, stage), d contiguous; read K-major by the S/dP GEMMs and,
-  // through the transposed views, MN-major by the dK/dV GEMMs.
-  template <int kStages>
+  // The part of a head dim (d for dK, dv for dV) one warpgroup's dK/dV GEMM
+  // covers: the swizzle atoms of Q, dO (read through transposed views) and V
+  // and K (dV's and dK's epilogue buffers) divide it.
+  template <int kDim>
+  using DkvWidth = Int<kSplitHeadDim ? kDim / 2 : kDim>;
+  // Q (d) and dO (dv): (M, dim, stage), dim contiguous; read K-major by the
+  // S/dP GEMMs and, through the transposed views, MN-major by the dK/dV GEMMs.
+  template <int kStages, int kDim>
   using SmemLayoutRows = decltype(tile_to_shape(
-      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, M, DkvWidth>(),
-      Shape<M, D, Int<kStages>>{}));
-  template <int kStages>
+      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, M, DkvWidth<kDim>>(),
+      Shape<M, Int<kDim>, Int<kStages>>{}));
+  template <int kStages, int kDim>
   using SmemLayoutRowsT = decltype(composition(
-      SmemLayoutRows<kStages>{}, make_layout(Shape<D, M, Int<kStages>>{}, Stride<M, _1, Int<kBlockM * kHeadDim>>{})));
-  using SmemLayoutQ = SmemLayoutRows<kStagesQ>;
-  using SmemLayoutQt = SmemLayoutRowsT<kStagesQ>;
-  using SmemLayoutdO = SmemLayoutRows<kStagesdO>;
-  using SmemLayoutdOt = SmemLayoutRowsT<kStagesdO>;
+      SmemLayoutRows<kStages, kDim>{},
+      make_layout(Shape<Int<kDim>, M, Int<kStages>>{}, Stride<M, _1, Int<kBlockM * kDim>>{})));
+  using SmemLayoutQ = SmemLayoutRows<kStagesQ, kHeadDim>;
+  using SmemLayoutQt = SmemLayoutRowsT<kStagesQ, kHeadDim>;
+  using SmemLayoutdO = SmemLayoutRows<kStagesdO, kHeadDimV>;
+  using SmemLayoutdOt = SmemLayoutRowsT<kStagesdO, kHeadDimV>;
   // K: (N, d). Its transposed view is split along d between the warpgroups in
   // the dQ GEMM, so the swizzle atom is chosen to divide d / 2.
   using SmemLayoutK = decltype(tile_to_shape(
@@ -191,9 +218,17 @@ struct BwdTraits {
                                                           Int<kHeadDim / kNumConsumerWarpGroups>>(),
       Shape<N, D>{}));
   using SmemLayoutKt = decltype(composition(SmemLayoutK{}, make_layout(Shape<D, N>{}, Stride<N, _1>{})));
-  using SmemLayoutV = decltype(tile_to_shape(
-      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, N, DkvWidth>(), Shape<N, D>{}));
-  using SmemLayoutVt = decltype(composition(SmemLayoutV{}, make_layout(Shape<D, N>{}, Stride<N, _1>{})));
+  // A block of keys' rows, (N, dim), dim contiguous: V, and dK and dV in the
+  // epilogue (in K's and V's buffers); and its (dim, N) view.
+  template <int kDim>
+  using SmemLayoutKeyRows = decltype(tile_to_shape(
+      cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, N, DkvWidth<kDim>>(),
+      Shape<N, Int<kDim>>{}));
+  template <int kDim>
+  using SmemLayoutKeyRowsT =
+      decltype(composition(SmemLayoutKeyRows<kDim>{}, make_layout(Shape<Int<kDim>, N>{}, Stride<N, _1>{})));
+  using SmemLayoutV = SmemLayoutKeyRows<kHeadDimV>;
+  using SmemLayoutdK = SmemLayoutKeyRows<kHeadDim>;
   // dS (and, with the head dim split, P): (M, N, buffer), M contiguous, the A
   // operand of the dQ GEMM; written through the (N, M) view from the dS^T
   // accumulators, which is also the K-major A operand of the dK (dV) GEMM.
@@ -211,8 +246,9 @@ struct BwdTraits {
   using StoreAtomPdS =
       conditional_t<kQueriesOnRows,
                     conditional_t<kBlockN / 2 % 16 == 0, SM90_U16x8_STSM_T, SM90_U16x4_STSM_T>, SM90_U32x4_STSM_N>;
-  // dK and dV (dK^T and dV^T) into V's (N, d) layout, d contiguous, likewise.
-  using SmemLayoutdKVAcc = conditional_t<kQueriesOnRows, SmemLayoutVt, SmemLayoutV>;
+  // dK and dV (dK^T and dV^T) into their (N, dim) layouts, dim contiguous, likewise.
+  using SmemLayoutdKAcc = conditional_t<kQueriesOnRows, SmemLayoutKeyRowsT<kHeadDim>, SmemLayoutdK>;
+  using SmemLayoutdVAcc = conditional_t<kQueriesOnRows, SmemLayoutKeyRowsT<kHeadDimV>, SmemLayoutV>;
   using StoreAtomdKV = conditional_t<kQueriesOnRows, SM90_U16x8_STSM_T, SM90_U32x4_STSM_N>;
 
   // dQ_i in fp32, in the dQ accumulators' register order (see fragment_offset):
