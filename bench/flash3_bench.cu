@@ -3,6 +3,7 @@
 //
 //   flash3-bench                      the paper's sweep (bf16, hdim 64/128/256, causal off/on), forward
 //   flash3-bench --pass bwd           the same sweep, backward
+//   flash3-bench --hdim 192,192/128   V's head dim of its own (DeepSeek-V3's) beside the symmetric 192
 //   flash3-bench --ablation           paper Table 2: each technique switched off
 //   flash3-bench --dtype e4m3         the FP8 forward (inputs quantized by quantize_fp8)
 //   flash3-bench --fp8-accuracy       paper Table 3: RMSE of O with outliers in the inputs
@@ -105,6 +106,7 @@ struct Config {
   std::string variant = "default";
   DType dtype = DType::kBF16;
   int head_dim = 128;
+  int head_dim_v = 0;  // V's and O's: 0 is head_dim (ForwardArgs::head_dim_v)
   bool causal = false;
   int64_t batch = 1, seqlen = 1024, heads_q = 16, heads_kv = 16;
   flash3::KernelOptions options;
@@ -133,9 +135,15 @@ struct Regime {
   int load_ms = 0;              // the sustained regime: the shape back to back this long first
 };
 
+// A head dim of the sweep: Q and K's, and V's (--hdim D/DV; 0: D).
+struct HeadDims {
+  int d;
+  int v = 0;
+};
+
 struct Options {
   std::vector<Pass> passes = {Pass::kFwd};
-  std::vector<int> head_dims = {64, 128, 256};
+  std::vector<HeadDims> head_dims = {{64}, {128}, {256}};
   std::vector<int64_t> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
   bool shapes_given = false;  // --hdim or --seqlen on the command line
   std::vector<bool> causal = {false, true};
@@ -156,8 +164,9 @@ struct Options {
 void usage() {
   std::printf(
       "flash3-bench: attention TFLOP/s, checked against the GPU reference\n"
-      "  --pass fwd|bwd|fwd+bwd|all  which pass (default fwd); backward FLOPs are 2.5x the forward's\n"
-      "  --hdim 64,128,256      head dims\n"
+      "  --pass fwd|bwd|fwd+bwd|all  which pass (default fwd); FLOPs are the GEMMs': forward 4 s^2 d,\n"
+      "                         backward 2.5x that (V's head dim dv of its own: 2 s^2 (d + dv), 2 s^2 (3d + 2dv))\n"
+      "  --hdim 64,128,256      head dims; D/DV: V's head dim DV of its own (192/128; bf16, fp16)\n"
       "  --seqlen 512,...       sequence lengths (batch = tokens / seqlen, heads = hidden / hdim)\n"
       "  --causal 0|1|both      mask (default both)\n"
       "  --dtype bf16|fp16|e4m3 e4m3: the FP8 forward, O in bf16\n"
@@ -197,6 +206,24 @@ std::vector<T> parse_list(char const* s) {
   return out;
 }
 
+// "64,128,192/128": head dims D, or D/DV with V's head dim DV of its own.
+std::vector<HeadDims> parse_head_dims(char const* s) {
+  std::vector<HeadDims> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t const slash = item.find('/');
+    out.push_back(slash == std::string::npos ? HeadDims{std::stoi(item)}
+                                             : HeadDims{std::stoi(item.substr(0, slash)), std::stoi(item.substr(slash + 1))});
+  }
+  return out;
+}
+
+// "128", or "192/128" with V's head dim of its own.
+std::string hdim_name(Config const& c) {
+  return std::to_string(c.head_dim) + (c.head_dim_v != 0 ? "/" + std::to_string(c.head_dim_v) : "");
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -211,7 +238,7 @@ Options parse(int argc, char** argv) {
       else if (v == "fwd" || v == "bwd" || v == "fwd+bwd")
         o.passes = {v == "fwd" ? Pass::kFwd : v == "bwd" ? Pass::kBwd : Pass::kFwdBwd};
       else { std::fprintf(stderr, "--pass: fwd, bwd, fwd+bwd or all\n"); std::exit(2); }
-    } else if (a == "--hdim") o.head_dims = parse_list<int>(next()), o.shapes_given = true;
+    } else if (a == "--hdim") o.head_dims = parse_head_dims(next()), o.shapes_given = true;
     else if (a == "--seqlen") o.seqlens = parse_list<int64_t>(next()), o.shapes_given = true;
     else if (a == "--causal") {
       std::string v = next();
@@ -262,24 +289,28 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// The paper's count: 4 seqlen^2 d heads batch for the forward (halved with
-// the causal mask), 2.5 times that for the backward.
+// The GEMMs' count per (query, key) pair and head: the forward's Q K^T (d)
+// and P V (dv), 2 (d + dv); the backward's five, 2 (3 d + 2 dv). With dv = d
+// the paper's: 4 seqlen^2 d heads batch for the forward (halved with the
+// causal mask), 2.5 times that for the backward.
 double flops(Config const& c) {
-  double f = 4.0 * c.seqlen * c.seqlen * c.head_dim * c.heads_q * c.batch;
-  if (c.causal) f /= 2;
+  double pairs = double(c.seqlen) * c.seqlen;
+  if (c.causal) pairs /= 2;
   if (c.window_left >= 0 || c.window_right >= 0) {
     // The pairs the window visits (the causal mask's halving is among them).
     flash3::reference::AttentionShape s{1, c.seqlen, c.seqlen, 1, 1, c.head_dim, 0.f, c.causal};
     s.window_left = c.window_left;
     s.window_right = c.window_right;
-    double pairs = 0;
+    pairs = 0;
     for (int64_t i = 0; i < c.seqlen; ++i) {
       flash3::reference::KeyRange const r = flash3::reference::visible_keys(s, i);
       pairs += double(r.last - r.first);
     }
-    f = 4.0 * pairs * c.head_dim * c.heads_q * c.batch;
   }
-  return c.pass == Pass::kFwd ? f : c.pass == Pass::kBwd ? 2.5 * f : 3.5 * f;
+  double const d = c.head_dim, dv = c.head_dim_v != 0 ? c.head_dim_v : c.head_dim;
+  double const fwd = 2.0 * pairs * (d + dv) * c.heads_q * c.batch;
+  double const bwd = 2.0 * pairs * (3 * d + 2 * dv) * c.heads_q * c.batch;
+  return c.pass == Pass::kFwd ? fwd : c.pass == Pass::kBwd ? bwd : fwd + bwd;
 }
 
 __global__ void spin(long long cycles) {
@@ -431,9 +462,12 @@ struct Fp8Inputs {
 Result run(Config const& c, Options const& opt, uint32_t seed) {
   Result r;
   r.config = c;
-  int64_t const d = c.head_dim;
+  // Q, K, dQ, dK of head dim d; V, O, dO, dV of dim_v.
+  int64_t const d = c.head_dim, dim_v = c.head_dim_v != 0 ? c.head_dim_v : d;
   size_t const q_elems = size_t(c.batch) * c.seqlen * c.heads_q * d;
   size_t const kv_elems = size_t(c.batch) * c.seqlen * c.heads_kv * d;
+  size_t const v_elems = size_t(c.batch) * c.seqlen * c.heads_kv * dim_v;
+  size_t const o_elems = size_t(c.batch) * c.seqlen * c.heads_q * dim_v;
   size_t const lse_elems = size_t(c.batch) * c.heads_q * c.seqlen;
   bool const fp8 = c.dtype == DType::kE4M3;
   bool const bf16 = c.dtype == DType::kBF16 || fp8;  // FP8: bf16 draws, quantized; O in bf16
@@ -443,13 +477,13 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
   void* workspace = nullptr;
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&q), q_elems * 2));
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&k), kv_elems * 2));
-  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&v), kv_elems * 2));
-  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&o), q_elems * 2));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&v), v_elems * 2));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&o), o_elems * 2));
   CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&lse), lse_elems * 4));
   fill_normal<<<1024, 256>>>(q, q_elems, seed, bf16);
   fill_normal<<<1024, 256>>>(k, kv_elems, seed * 3 + 1, bf16);
-  fill_normal<<<1024, 256>>>(v, kv_elems, seed * 7 + 2, bf16);
-  CHECK_CUDA(cudaMemset(o, 0xff, q_elems * 2));  // NaN: unwritten elements show
+  fill_normal<<<1024, 256>>>(v, v_elems, seed * 7 + 2, bf16);
+  CHECK_CUDA(cudaMemset(o, 0xff, o_elems * 2));  // NaN: unwritten elements show
 
   flash3::ForwardArgs a;
   a.dtype = bf16 ? DType::kBF16 : DType::kFP16;
@@ -458,6 +492,7 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
   a.heads_q = c.heads_q;
   a.heads_kv = c.heads_kv;
   a.head_dim = d;
+  a.head_dim_v = c.head_dim_v;
   a.causal = c.causal;
   a.window_left = c.window_left;
   a.window_right = c.window_right;
@@ -465,8 +500,8 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
   a.options = c.options;
   a.q = flash3::contiguous<const void*>(q, c.seqlen, c.heads_q, d);
   a.k = flash3::contiguous<const void*>(k, c.seqlen, c.heads_kv, d);
-  a.v = flash3::contiguous<const void*>(v, c.seqlen, c.heads_kv, d);
-  a.o = flash3::contiguous<void*>(o, c.seqlen, c.heads_q, d);
+  a.v = flash3::contiguous<const void*>(v, c.seqlen, c.heads_kv, dim_v);
+  a.o = flash3::contiguous<void*>(o, c.seqlen, c.heads_q, dim_v);
   a.lse = lse;
   Fp8Inputs fp8_inputs;
   flash3::Status quantized = fp8 ? fp8_inputs.quantize(a, c.granularity, c.hadamard) : flash3::Status();
@@ -485,20 +520,21 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
 
   flash3::BackwardArgs b;
   if (backward) {
-    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dout), q_elems * 2));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dout), o_elems * 2));
     CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dq), q_elems * 2));
     CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dk), kv_elems * 2));
-    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dv), kv_elems * 2));
-    fill_normal<<<1024, 256>>>(dout, q_elems, seed * 11 + 3, bf16);
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&dv), v_elems * 2));
+    fill_normal<<<1024, 256>>>(dout, o_elems, seed * 11 + 3, bf16);
     CHECK_CUDA(cudaMemset(dq, 0xff, q_elems * 2));
     CHECK_CUDA(cudaMemset(dk, 0xff, kv_elems * 2));
-    CHECK_CUDA(cudaMemset(dv, 0xff, kv_elems * 2));
+    CHECK_CUDA(cudaMemset(dv, 0xff, v_elems * 2));
     b.dtype = c.dtype;
     b.batch = c.batch;
     b.seqlen_q = b.seqlen_k = c.seqlen;
     b.heads_q = c.heads_q;
     b.heads_kv = c.heads_kv;
     b.head_dim = d;
+    b.head_dim_v = c.head_dim_v;
     b.causal = c.causal;
     b.window_left = c.window_left;
     b.window_right = c.window_right;
@@ -507,12 +543,12 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
     b.q = a.q;
     b.k = a.k;
     b.v = a.v;
-    b.o = flash3::contiguous<const void*>(o, c.seqlen, c.heads_q, d);
-    b.dout = flash3::contiguous<const void*>(dout, c.seqlen, c.heads_q, d);
+    b.o = flash3::contiguous<const void*>(o, c.seqlen, c.heads_q, dim_v);
+    b.dout = flash3::contiguous<const void*>(dout, c.seqlen, c.heads_q, dim_v);
     b.lse = lse;
     b.dq = flash3::contiguous<void*>(dq, c.seqlen, c.heads_q, d);
     b.dk = flash3::contiguous<void*>(dk, c.seqlen, c.heads_kv, d);
-    b.dv = flash3::contiguous<void*>(dv, c.seqlen, c.heads_kv, d);
+    b.dv = flash3::contiguous<void*>(dv, c.seqlen, c.heads_kv, dim_v);
     b.sinks = sinks;
     b.dsinks = dsinks;
     // The caller's workspace, as a training loop keeps one.
@@ -536,12 +572,13 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
       Check chk;
       if (!backward) {
         float *ref, *low;
-        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), q_elems * 4));
-        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&low), q_elems * 4));
+        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), o_elems * 4));
+        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&low), o_elems * 4));
         flash3::reference::AttentionShape shape{c.batch, c.seqlen, c.seqlen, c.heads_q, c.heads_kv, d, 0.f, c.causal};
         shape.window_left = c.window_left;
         shape.window_right = c.window_right;
         shape.softcap = c.softcap;
+        shape.head_dim_v = c.head_dim_v;
         // FP8: the reference sees the quantized inputs (dequantized).
         for (auto [buf, emulate] : {std::pair{ref, false}, std::pair{low, true}}) {
           using flash3::reference::Fp8Emulation;
@@ -551,7 +588,7 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
                          : flash3::reference::attention_gpu(shape, c.dtype, a.q, a.k, a.v, buf, nullptr, emulate, nullptr,
                                                             sinks));
         }
-        check_tensor(chk, "O", o, int64_t(q_elems), int64_t(q_elems), ref, low, q_elems, bf16, 1e-5f);
+        check_tensor(chk, "O", o, int64_t(o_elems), int64_t(o_elems), ref, low, o_elems, bf16, 1e-5f);
         cudaFree(ref);
         cudaFree(low);
       } else {
@@ -562,12 +599,13 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
         shape.window_left = c.window_left;
         shape.window_right = c.window_right;
         shape.softcap = c.softcap;
-        size_t const sq = size_t(c.seqlen) * group * d, sk = size_t(c.seqlen) * d;
+        shape.head_dim_v = c.head_dim_v;
+        size_t const sq = size_t(c.seqlen) * group * d, sk = size_t(c.seqlen) * d, sv = size_t(c.seqlen) * dim_v;
         // The epsilon as the GPU tests' (reference::backward_epsilon).
         float *ref, *low, *rounded_o;
-        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), (sq + 2 * sk) * 4));
-        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&low), (sq + 2 * sk) * 4));
-        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&rounded_o), (sq + 2 * sk) * 4));
+        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ref), (sq + sk + sv) * 4));
+        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&low), (sq + sk + sv) * 4));
+        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&rounded_o), (sq + sk + sv) * 4));
         for (auto [buf, emulate, o_used] : {std::tuple{ref, false, false}, std::tuple{low, true, false},
                                             std::tuple{rounded_o, false, true}}) {
           // Query heads 0 .. group - 1: the sinks' first group.
@@ -584,7 +622,7 @@ Result run(Config const& c, Options const& opt, uint32_t seed) {
         };
         check_tensor(chk, "dQ", dq, group * d, c.heads_q * d, ref, low, sq, bf16, eps(0, sq));
         check_tensor(chk, "dK", dk, d, c.heads_kv * d, ref + sq, low + sq, sk, bf16, eps(sq, sk));
-        check_tensor(chk, "dV", dv, d, c.heads_kv * d, ref + sq + sk, low + sq + sk, sk, bf16, eps(sq + sk, sk));
+        check_tensor(chk, "dV", dv, dim_v, c.heads_kv * dim_v, ref + sq + sk, low + sq + sk, sv, bf16, eps(sq + sk, sv));
         cudaFree(ref);
         cudaFree(low);
         cudaFree(rounded_o);
@@ -613,7 +651,7 @@ void write_json(std::string const& path, std::vector<Result> const& results) {
     Config const& c = results[i].config;
     f << "  {\"pass\": \"" << pass_name(c.pass) << "\", \"variant\": \"" << c.variant << "\", \"dtype\": \""
       << dtype_name(c.dtype) << "\", \"hdim\": " << c.head_dim
-      << ", \"causal\": " << (c.causal ? "true" : "false") << ", \"batch\": " << c.batch
+      << ", \"hdim_v\": " << (c.head_dim_v != 0 ? c.head_dim_v : c.head_dim) << ", \"causal\": " << (c.causal ? "true" : "false") << ", \"batch\": " << c.batch
       << ", \"seqlen_q\": " << c.seqlen << ", \"seqlen_k\": " << c.seqlen << ", \"heads_q\": " << c.heads_q
       << ", \"heads_kv\": " << c.heads_kv << ", \"ms\": " << results[i].ms << ", \"tflops\": " << results[i].tflops
       << ", \"max_err\": " << results[i].max_err << ", \"ref_err\": " << results[i].ref_err
@@ -624,10 +662,11 @@ void write_json(std::string const& path, std::vector<Result> const& results) {
 
 void write_csv(std::string const& path, std::vector<Result> const& results) {
   std::ofstream f(path);
-  f << "pass,variant,dtype,hdim,causal,batch,seqlen,heads_q,heads_kv,ms,tflops,max_err,ref_err,ok\n";
+  f << "pass,variant,dtype,hdim,hdim_v,causal,batch,seqlen,heads_q,heads_kv,ms,tflops,max_err,ref_err,ok\n";
   for (Result const& r : results) {
     Config const& c = r.config;
-    f << pass_name(c.pass) << "," << c.variant << "," << dtype_name(c.dtype) << "," << c.head_dim << "," << c.causal
+    f << pass_name(c.pass) << "," << c.variant << "," << dtype_name(c.dtype) << "," << c.head_dim << ","
+      << (c.head_dim_v != 0 ? c.head_dim_v : c.head_dim) << "," << c.causal
       << "," << c.batch << "," << c.seqlen << "," << c.heads_q << "," << c.heads_kv << "," << r.ms << ","
       << r.tflops << "," << r.max_err << "," << r.ref_err << "," << r.ok << "\n";
   }
@@ -748,7 +787,8 @@ int run_fp8_accuracy() {
 // device. 32k tokens of hidden 2048: 128 MB per bf16 tensor, well over L2.
 int run_quant_bandwidth(Options const& opt) {
   int64_t const tokens = 32768, hidden = 2048;
-  std::vector<int> const head_dims = opt.shapes_given ? opt.head_dims : std::vector<int>{128};
+  std::vector<int> head_dims;
+  for (HeadDims const& h : opt.shapes_given ? opt.head_dims : std::vector<HeadDims>{{128}}) head_dims.push_back(h.d);
   std::vector<int64_t> const seqlens = opt.shapes_given ? opt.seqlens : std::vector<int64_t>{4096};
   size_t const n = size_t(tokens * hidden);
   uint16_t *q, *k, *v;
@@ -838,7 +878,11 @@ int main(int argc, char** argv) {
     }
   } else {
     // Shapes outer, passes inner: "--pass all" prints each shape's passes together.
-    for (int d : opt.head_dims) {
+    for (HeadDims const& h : opt.head_dims) {
+      if (h.v != 0 && h.v != h.d && opt.dtype == DType::kE4M3) {
+        std::fprintf(stderr, "--hdim %d/%d: FP8 (e4m3) has no V head dim of its own\n", h.d, h.v);
+        return 2;
+      }
       for (bool causal : opt.causal) {
         for (int64_t s : opt.seqlens) {
           for (Pass pass : opt.passes) {
@@ -869,11 +913,12 @@ int main(int argc, char** argv) {
               std::snprintf(buf, sizeof buf, "softcap(%g)", c.softcap);
               c.variant = c.variant == "default" ? buf : c.variant + "+" + buf;
             }
-            c.head_dim = d;
+            c.head_dim = h.d;
+            c.head_dim_v = h.v != h.d ? h.v : 0;
             c.causal = causal;
             c.seqlen = s;
             c.batch = std::max<int64_t>(1, opt.total_tokens / s);
-            c.heads_q = std::max<int64_t>(1, opt.hidden / d);
+            c.heads_q = std::max<int64_t>(1, opt.hidden / h.d);
             c.heads_kv = std::max<int64_t>(1, c.heads_q / opt.gqa);
             configs.push_back(c);
           }
@@ -886,8 +931,8 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (size_t i = 0; i < configs.size(); ++i) {
     Config const& c = configs[i];
-    std::fprintf(stderr, "[%zu/%zu] %s %s hdim %d%s seqlen %lld batch %lld heads %lld/%lld\n", i + 1, configs.size(),
-                 pass_name(c.pass), c.variant.c_str(), c.head_dim, c.causal ? " causal" : "", (long long)c.seqlen, (long long)c.batch,
+    std::fprintf(stderr, "[%zu/%zu] %s %s hdim %s%s seqlen %lld batch %lld heads %lld/%lld\n", i + 1, configs.size(),
+                 pass_name(c.pass), c.variant.c_str(), hdim_name(c).c_str(), c.causal ? " causal" : "", (long long)c.seqlen, (long long)c.batch,
                  (long long)c.heads_q, (long long)c.heads_kv);
     results.push_back(run(c, opt, 1000u + uint32_t(i) * 17u));
     all_ok &= results.back().ok;
@@ -897,8 +942,8 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (Result const& r : results) {
     Config const& c = r.config;
-    std::printf("| %s | %s | %s | %d | %s | %lld | %lld | %lld/%lld | %.3f | %.1f | %.2e | %.2e | %s |\n",
-                pass_name(c.pass), c.variant.c_str(), dtype_name(c.dtype), c.head_dim,
+    std::printf("| %s | %s | %s | %s | %s | %lld | %lld | %lld/%lld | %.3f | %.1f | %.2e | %.2e | %s |\n",
+                pass_name(c.pass), c.variant.c_str(), dtype_name(c.dtype), hdim_name(c).c_str(),
                 c.causal ? "yes" : "no",
                 (long long)c.batch, (long long)c.seqlen, (long long)c.heads_q, (long long)c.heads_kv, r.ms, r.tflops,
                 r.max_err, r.ref_err, r.ok ? (opt.check ? "ok" : "unchecked") : ("FAIL: " + r.error).c_str());

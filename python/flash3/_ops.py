@@ -101,18 +101,20 @@ def _tile_counter(device_index):
 # ---- outputs: shared by the real and the fake implementations --------------
 
 
-def _forward_outputs(q, out_dtype, with_lse=True):
-    b, sq, hq, d = q.shape
-    return (q.new_empty((b, sq, hq, d), dtype=out_dtype),
+def _forward_outputs(q, v, out_dtype, with_lse=True):
+    """O ([batch, seqlen_q, heads_q, v's head dim]) and the LSE."""
+    b, sq, hq, _ = q.shape
+    return (q.new_empty((b, sq, hq, v.shape[-1]), dtype=out_dtype),
             q.new_empty((b, hq, sq), dtype=torch.float32) if with_lse else None)
 
 
-def _varlen_outputs(q):
-    """Packed sequences' O ([total_q, heads, head_dim]; FP8's in bfloat16,
-    the one O its packed kernels write) and LSE ([heads, total_q])."""
+def _varlen_outputs(q, v):
+    """Packed sequences' O ([total_q, heads, v's head dim]; FP8's in
+    bfloat16, the one O its packed kernels write) and LSE ([heads, total_q])."""
     total_q, hq, _ = q.shape
     out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
-    return q.new_empty(q.shape, dtype=out_dtype), q.new_empty((hq, total_q), dtype=torch.float32)
+    return (q.new_empty((total_q, hq, v.shape[-1]), dtype=out_dtype),
+            q.new_empty((hq, total_q), dtype=torch.float32))
 
 
 def _backward_outputs(q, k, v, sinks):
@@ -246,7 +248,7 @@ def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks=
     lib = _abi.load()
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
-    out, lse = _forward_outputs(q, out_dtype, with_lse)
+    out, lse = _forward_outputs(q, v, out_dtype, with_lse)
     index = q.get_device()
     counter = _tile_counter(index)
     _run(lib.forward, forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sinks, mask),
@@ -258,7 +260,7 @@ def _forward(q, k, v, scales, softmax_scale, causal, out_dtype, with_lse, sinks=
 def _varlen_forward(q, k, v, varlen, softmax_scale, causal, sinks, mask, scales):
     lib = _abi.load()
     q, k, v = _head_dim_contiguous(q), _head_dim_contiguous(k), _head_dim_contiguous(v)
-    out, lse = _varlen_outputs(q)
+    out, lse = _varlen_outputs(q, v)
     index = q.get_device()
     counter = _tile_counter(index)
     _run(lib.forward,
@@ -324,7 +326,7 @@ quantize_fp8 = torch.library.custom_op("flash3::quantize_fp8", _quantize_impl, m
 @fwd.register_fake
 def _forward_fake(q, k, v, q_scale, k_scale, v_scale, softmax_scale, causal, deterministic, out_dtype, sinks=None,
                   window_left=-1, window_right=-1, softcap=0.0):
-    return _forward_outputs(q, out_dtype)
+    return _forward_outputs(q, v, out_dtype)
 
 
 @bwd.register_fake
@@ -473,7 +475,7 @@ varlen_bwd = torch.library.custom_op("flash3::varlen_bwd", _varlen_backward_impl
 def _varlen_forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                          softmax_scale, causal, deterministic, sinks=None, window_left=-1, window_right=-1,
                          softcap=0.0, q_scale=None, k_scale=None, v_scale=None):
-    return _varlen_outputs(q)
+    return _varlen_outputs(q, v)
 
 
 @varlen_bwd.register_fake

@@ -4,6 +4,7 @@
   python -m flash3.benchmark --sustained           the same under continuous load (at least 2 s per shape)
   python -m flash3.benchmark --overhead            host time per call, flash3 against SDPA (tiny shape)
   python -m flash3.benchmark --varlen              packed sequences (flash_attn_varlen_func) beside the fixed-length kernel
+  python -m flash3.benchmark --hdim 192,192/128    V's head dim of its own (DeepSeek-V3's) beside the symmetric 192
   python -m flash3.benchmark --from-json a.json    the table, CSV and plot again from saved runs (no GPU)
 
 Methods: flash3, SDPA's FlashAttention-2 and cuDNN backends, and
@@ -36,12 +37,22 @@ def int_list(text):
     return [int(x) for x in text.split(",")]
 
 
+def head_dim_list(text):
+    """Head dims: "64,128,192/128", an item D (Q, K and V's) or D/DV (V's head dim DV of its own)."""
+    dims = []
+    for item in text.split(","):
+        d, _, dv = item.partition("/")
+        dims.append(int(d) if not dv else (int(d), int(dv)))
+    return dims
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m flash3.benchmark", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("--pass", dest="passes", choices=sweep.PASSES + ("all",), default="all")
-    p.add_argument("--hdim", type=int_list, default=[64, 128, 256], help="head dims (default 64,128,256)")
+    p.add_argument("--hdim", type=head_dim_list, default=[64, 128, 256],
+                   help="head dims (default 64,128,256); D/DV: V's head dim DV of its own, as 192/128")
     p.add_argument("--seqlen", type=int_list, default=[512, 1024, 2048, 4096, 8192, 16384],
                    help="sequence lengths (default 512 ... 16384)")
     p.add_argument("--causal", choices=("0", "1", "both"), default="both")
@@ -75,6 +86,8 @@ def parse_args(argv):
     unknown = [m for m in args.methods if m not in sweep.METHODS]
     if unknown:
         p.error(f"--methods: unknown {','.join(unknown)}; known: {','.join(sweep.METHODS)}")
+    if args.varlen and not all(isinstance(d, int) for d in args.hdim):
+        p.error("--hdim: --varlen takes head dims D (no V head dim of its own)")
     return args
 
 

@@ -19,6 +19,9 @@ from . import _abi, _ops
 
 HEAD_DIMS = (64, 96, 128, 192, 256)
 FP8_HEAD_DIMS = tuple(_abi.FP8_BLOCK_SIZES)
+# (q and k's head dim, v's) where v's is its own (DeepSeek-V3's 192 / 128):
+# bfloat16 and float16, both passes.
+HEAD_DIM_PAIRS = ((192, 128),)
 _E4M3 = torch.float8_e4m3fn
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -60,8 +63,10 @@ def _plainly_valid(q, k, v, dtypes, head_dims):
 
 
 def _check_qkv(q, k, v, dtypes, head_dims=None, dims=4):
-    """Devices, dtypes, shapes, head dim and GQA of q, k, v; head_dims None:
-    those of q's dtype; dims 3: packed sequences, whose batch is not a mode."""
+    """Devices, dtypes, shapes, head dims and GQA of q, k, v; head_dims None:
+    those of q's dtype, and v's own head dim of HEAD_DIM_PAIRS in 16 bits
+    (given head_dims, v's is q's); dims 3: packed sequences, whose batch is
+    not a mode."""
     if dims == 4 and _plainly_valid(q, k, v, dtypes, head_dims):
         return
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -82,13 +87,18 @@ def _check_qkv(q, k, v, dtypes, head_dims=None, dims=4):
         raise ValueError(f"k: batch must be q's ({q.shape[0]}), got {k.shape[0]}")
     if k.shape[-1] != head_dim:
         raise ValueError(f"k: head_dim must be q's ({head_dim}), got {k.shape[-1]}")
-    if v.shape != k.shape:
-        raise ValueError(f"v: shape must be k's {tuple(k.shape)}, got {tuple(v.shape)}")
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(f"v: shape must be k's {tuple(k.shape)} (but for its head dim), got {tuple(v.shape)}")
+    pairs = HEAD_DIM_PAIRS if head_dims is None and q.dtype != _E4M3 else ()
     if head_dims is None:
         head_dims = FP8_HEAD_DIMS if q.dtype == _E4M3 else HEAD_DIMS
     if head_dim not in head_dims:
         raise ValueError(f"q: head_dim {head_dim} is not supported{' with FP8' if head_dims is FP8_HEAD_DIMS else ''}: "
                          f"flash3 has {', '.join(map(str, head_dims))}")
+    head_dim_v = v.shape[-1]
+    if head_dim_v != head_dim and (head_dim, head_dim_v) not in pairs:
+        own = " or ".join(f"{dv} with q's {d}" for d, dv in pairs)
+        raise ValueError(f"v: head_dim must be q's ({head_dim}){', or ' + own if own else ''}, got {head_dim_v}")
     heads_kv = k.shape[-2]
     if heads_q == 0 or heads_kv == 0 or heads_q % heads_kv != 0:
         raise ValueError(f"k: its heads ({heads_kv}) must divide q's ({heads_q}): MHA, GQA or MQA")
@@ -266,8 +276,10 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                     sinks=None):
     """softmax(softmax_scale * q k^T [causal mask]) v, as FlashAttention-3's.
 
-    q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv,
-    head_dim], heads_kv dividing heads_q (MHA, GQA, MQA); torch.bfloat16 or
+    q, k: [batch, seqlen_q / seqlen_k, heads_q / heads_kv, head_dim]; v:
+    [batch, seqlen_k, heads_kv, head_dim_v], head_dim_v = head_dim or, with
+    head_dim 192 in bfloat16 and float16, 128 (DeepSeek-V3's); heads_kv
+    dividing heads_q (MHA, GQA, MQA); torch.bfloat16 or
     torch.float16 (differentiable), or torch.float8_e4m3fn with float32
     descales (forward only): shape (1,) per tensor, (batch, heads_kv) per head
     as FlashAttention-3 takes them (or (batch, heads_q) for q), or the per-block
@@ -276,7 +288,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     right corner. softmax_scale None is 1/sqrt(head_dim). deterministic makes
     the backward pass bitwise reproducible.
 
-    Returns out [batch, seqlen_q, heads_q, head_dim] (q's dtype; FP8:
+    Returns out [batch, seqlen_q, heads_q, head_dim_v] (q's dtype; FP8:
     out_dtype, torch.bfloat16 by default), and with return_attn_probs
     (out, lse), lse the float32 [batch, heads_q, seqlen_q] log-sum-exp of
     each row's scaled scores.
@@ -334,7 +346,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """flash_attn_func over packed sequences of different lengths (variable
     length), as FlashAttention-3's.
 
-    q: [total_q, heads_q, head_dim], k, v: [total_k, heads_kv, head_dim], the
+    q: [total_q, heads_q, head_dim], k: [total_k, heads_kv, head_dim], v:
+    [total_k, heads_kv, head_dim_v] (head dims as in flash_attn_func), the
     batch's sequences one after the other: sequence b's queries are rows
     cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1, its keys and values rows
     cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1. cu_seqlens_q and cu_seqlens_k:
@@ -362,7 +375,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     of quantize_fp8's granularity "block" counted from each sequence's own
     first row (those past a sequence's rows are not read); absent ones are 1.
 
-    Returns out [total_q, heads_q, head_dim] (q's dtype; FP8: torch.bfloat16)
+    Returns out [total_q, heads_q, head_dim_v] (q's dtype; FP8: torch.bfloat16)
     and with return_attn_probs (out, lse), lse the float32 [heads_q, total_q]
     log-sum-exp of each row.
     """

@@ -78,6 +78,9 @@ def test_head_dims_match_the_library_sources():
         os.path.join(REPO, "src", "common", "head_dims.inc")).read(), flags=re.M)
     assert interface.HEAD_DIMS == tuple(int(d) for d, _ in rows)
     assert interface.FP8_HEAD_DIMS == tuple(int(d) for d, fp8 in rows if fp8 == "true")
+    pairs = re.findall(r"^FLASH3_HEAD_DIM_PAIR\((\d+),\s*(\d+)\)", open(
+        os.path.join(REPO, "src", "common", "head_dims.inc")).read(), flags=re.M)
+    assert interface.HEAD_DIM_PAIRS == tuple((int(d), int(dv)) for d, dv in pairs)
 
 
 def test_packer_covers_every_byte():
@@ -107,6 +110,14 @@ def test_forward_args_by_field_name():
     assert (a.fp8.granularity, a.fp8.q, a.fp8.k, a.fp8.v) == (0, None, None, None)
     assert (a.options.pingpong, a.options.intra_warpgroup_overlap, a.options.persistent,
             a.options.warp_specialization) == (True, True, True, True)
+    assert a.head_dim_v == 64
+
+    # V's head dim of its own: V and O of 128 columns beside Q and K's 192.
+    q192, k192 = torch.empty(2, 5, 6, 192, dtype=torch.bfloat16), torch.empty(2, 7, 3, 192, dtype=torch.bfloat16)
+    v128, out128 = torch.empty(2, 7, 3, 128, dtype=torch.bfloat16), torch.empty(2, 5, 6, 128, dtype=torch.bfloat16)
+    a = _ops.forward_args(q192, k192, v128, out128, lse, (None, None, None), 0.25, False, None)
+    assert (a.head_dim, a.head_dim_v) == (192, 128)
+    assert _ref_matches(a.v, v128) and _ref_matches(a.o, out128)
 
     q8, k8 = q.to(torch.float8_e4m3fn), k.to(torch.float8_e4m3fn)
     scales = [torch.ones(2, h, 1) for h in (6, 3, 3)]
@@ -161,7 +172,7 @@ def test_varlen_backward_args_by_field_name():
     assert (a.varlen.cu_seqlens_q, a.varlen.seqused_k, a.varlen.total_q, a.varlen.total_k) == (
         varlen[0].data_ptr(), varlen[3].data_ptr(), 30, 50)
     assert (a.window_left, a.window_right, a.softcap, a.deterministic) == (7, -1, 30.0, True)
-    assert (a.sinks, a.dsinks, a.workspace) == (sinks.data_ptr(), dsinks.data_ptr(), None)
+    assert (a.sinks, a.dsinks, a.workspace, a.head_dim_v) == (sinks.data_ptr(), dsinks.data_ptr(), None, 64)
 
 
 def test_backward_args_by_field_name():
@@ -175,6 +186,12 @@ def test_backward_args_by_field_name():
         assert _ref_matches(ref, t)
     assert (a.lse, a.softmax_scale, a.causal, a.deterministic) == (lse.data_ptr(), 0.125, False, True)
     assert a.workspace is None  # set by the operator once backward_workspace_size is known
+    assert a.head_dim_v == 128
+    # V's head dim of its own: V, O, dO and dV of 64 columns beside Q and K's 128 (as the pair 192 / 128).
+    v64, out64 = torch.empty(1, 6, 2, 64, dtype=torch.float16), torch.empty(1, 4, 8, 64, dtype=torch.float16)
+    a = _ops.backward_args(out64, q, k, v64, out64, lse, dq, dk, torch.empty_like(v64), 0.125, False, True)
+    assert (a.head_dim, a.head_dim_v) == (128, 64)
+    assert _ref_matches(a.v, v64) and _ref_matches(a.dout, out64)
 
 
 def test_quantize_args_by_field_name():

@@ -77,6 +77,32 @@ def test_flops_are_the_papers_count():
     assert sweep.shape_flops(shape(**{"pass": "bwd", "causal": True})) == full * 5 // 4
 
 
+def test_flops_with_a_value_head_dim_of_its_own():
+    # From the GEMMs: forward Q K^T over d and P V over dv; the backward's
+    # five, three over d (S, dQ, dK) and two over dv (dP, dV).
+    s2 = 4096 ** 2 * 10 * 2
+    assert sweep.attention_flops("fwd", 192, False, 2, 4096, 10, 128) == 2 * s2 * (192 + 128)
+    assert sweep.attention_flops("bwd", 192, False, 2, 4096, 10, 128) == 2 * s2 * (3 * 192 + 2 * 128)
+    assert sweep.attention_flops("fwd+bwd", 192, True, 2, 4096, 10, 128) == s2 * (192 + 128 + 3 * 192 + 2 * 128)
+    assert sweep.attention_flops("bwd", 192, False, 2, 4096, 10, 192) == sweep.attention_flops(
+        "bwd", 192, False, 2, 4096, 10)
+    pair = shape(hdim=192, hdim_v=128, heads=10, seqlen=4096, batch=2)
+    assert sweep.shape_flops(pair) == 2 * s2 * (192 + 128)
+
+
+def test_paper_sweep_takes_a_value_head_dim_of_its_own():
+    shapes = sweep.paper_sweep(("fwd",), (192, (192, 128)), (4096,), (False,))
+    assert shapes == [{"pass": "fwd", "dtype": "bf16", "hdim": 192, "causal": False, "batch": 4, "seqlen": 4096,
+                       "heads": 10},
+                      {"pass": "fwd", "dtype": "bf16", "hdim": 192, "causal": False, "batch": 4, "seqlen": 4096,
+                       "heads": 10, "hdim_v": 128}]
+    results = [sweep.ok_result(s, "flash3", [ms_at(600, s)]) for s in shapes]
+    lines = sweep.format_table(results).splitlines()
+    assert lines[2].startswith("| fwd | bf16 | 192 | no | 4 | 4096 | 10 | 600.0 |")
+    assert lines[3].startswith("| fwd | bf16 | 192/128 | no | 4 | 4096 | 10 | 600.0 |")
+    assert sweep.shape_label(shapes[1]) == "fwd bf16 hdim 192/128 seqlen 4096 batch 4 heads 10"
+
+
 def test_paper_sweep_keeps_tokens_and_hidden_fixed():
     shapes = sweep.paper_sweep()
     assert len(shapes) == 3 * 2 * 6 * 3
@@ -253,6 +279,18 @@ def test_cli_refuses_to_merge_regimes(tmp_path):
     out = run_cli("--from-json", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
     assert out.returncode == 1
     assert "runs of different regimes cannot be compared" in out.stderr
+
+
+def test_cli_head_dims_take_a_value_head_dim(tmp_path):
+    # "192/128" in --hdim: V's head dim of its own, kept through the JSON and CSV files.
+    out = run_cli("--varlen", "--hdim", "128,192/128")
+    assert out.returncode == 2 and "--varlen takes head dims D" in out.stderr
+    shapes = sweep.paper_sweep(("bwd",), ((192, 128),), (2048,), (True,))
+    sweep.write_json(tmp_path / "p.json", {"regime": GAP}, [sweep.ok_result(shapes[0], "flash3", [1.0])])
+    out = run_cli("--from-json", str(tmp_path / "p.json"), "--csv", str(tmp_path / "p.csv"))
+    assert out.returncode == 0, out.stderr
+    assert "| bwd | bf16 | 192/128 | yes | 8 | 2048 | 10 |" in out.stdout
+    assert sweep.read_csv(tmp_path / "p.csv")[0]["hdim_v"] == 128
 
 
 def test_cli_rejects_unknown_methods():

@@ -182,9 +182,10 @@ def random_case(rng, head_dim):
 
 def run_case(dtype, causal, c):
     b, sq, sk, hq, hkv, d = c["batch"], c["seqlen_q"], c["seqlen_k"], c["heads_q"], c["heads_kv"], c["head_dim"]
+    dv = c.get("head_dim_v", d)  # V's, O's, dO's
     q = make((b, sq, hq, d), dtype, c["layouts"][0])
     k = make((b, sk, hkv, d), dtype, c["layouts"][1])
-    v = make((b, sk, hkv, d), dtype, c["layouts"][2])
+    v = make((b, sk, hkv, dv), dtype, c["layouts"][2])
     scale = c["scale"] if c["scale"] is not None else d ** -0.5
     # Sinks around the scores' own size, some above every score of a row.
     sinks = (2 * torch.randn(hq, device="cuda")).requires_grad_() if c.get("sinks") else None
@@ -192,7 +193,7 @@ def run_case(dtype, causal, c):
     window, softcap = c.get("window", (-1, -1)), c.get("softcap", 0.0)
     out, lse = flash3.flash_attn_func(q, k, v, softmax_scale=c["scale"], causal=causal, return_attn_probs=True,
                                       sinks=sinks, window_size=window, softcap=softcap)
-    dout = make((b, sq, hq, d), dtype, c["layouts"][3]).detach()
+    dout = make((b, sq, hq, dv), dtype, c["layouts"][3]).detach()
     grads = torch.autograd.grad(out, inputs, dout)
 
     refs = [t.detach().double().requires_grad_() for t in inputs]
@@ -202,7 +203,7 @@ def run_case(dtype, causal, c):
     low_out = straightforward(*lows[:3], causal, scale, *lows[3:], window=window, softcap=softcap)
     low_grads = torch.autograd.grad(low_out, lows, dout)
 
-    assert out.dtype == dtype and out.shape == q.shape
+    assert out.dtype == dtype and out.shape == (b, sq, hq, dv)
     check_output(f"out {c}", out, ref_out, low_out)
     check_lse(lse, ref_lse)
     if sinks is not None:
@@ -308,6 +309,21 @@ def test_softcap_against_float64(gpu, head_dim, causal):
                                          window=window, sinks=rng.random() < 0.3))
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dims", interface.HEAD_DIM_PAIRS, ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+def test_value_head_dim_against_float64(gpu, dtype, head_dims, causal):
+    # V's head dim of its own (192 / 128): plain, sinks, a window, softcap; GQA
+    # and the layouts from random_case; then packed sequences.
+    d, dv = head_dims
+    rng = seeded("head_dim_v", dtype, d, dv, causal)
+    for extra in ({}, {"sinks": True}, {"window": (rng.randint(1, 200), rng.choice([-1, rng.randint(0, 100)]))},
+                  {"softcap": 5.0, "scale": 2 / math.sqrt(d)}):
+        run_case(dtype, causal, {**random_case(rng, d), "head_dim_v": dv, **extra})
+    run_varlen_case(dtype, causal, d, rng, head_dim_v=dv)
+    run_varlen_case(dtype, causal, d, rng, seqused=True, sinks=True, head_dim_v=dv)
+
+
 # ---- packed sequences (flash_attn_varlen_func) ----------------------------------
 
 
@@ -339,13 +355,15 @@ def random_packed_batch(rng, seqused):
     return PackedBatch(batch, heads_q, heads_kv, lens_q, lens_k, used_q, used_k, cu_q, cu_k, total_q, total_k)
 
 
-def run_varlen_case(dtype, causal, head_dim, rng, seqused=False, sinks=False, window=(-1, -1), softcap=0.0):
+def run_varlen_case(dtype, causal, head_dim, rng, seqused=False, sinks=False, window=(-1, -1), softcap=0.0,
+                    head_dim_v=None):
     batch, hq, heads_kv, lens_q, lens_k, used_q, used_k, cu_q, cu_k, total_q, total_k = random_packed_batch(
         rng, seqused)
     d = head_dim
+    dv = d if head_dim_v is None else head_dim_v
     q = torch.randn(total_q, hq, d, device="cuda", dtype=dtype, requires_grad=True)
     k = torch.randn(total_k, heads_kv, d, device="cuda", dtype=dtype, requires_grad=True)
-    v = torch.randn(total_k, heads_kv, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(total_k, heads_kv, dv, device="cuda", dtype=dtype, requires_grad=True)
     sink_t = (2 * torch.randn(hq, device="cuda")).requires_grad_() if sinks else None
     i32 = dict(dtype=torch.int32, device="cuda")
     used = dict(seqused_q=torch.tensor(used_q, **i32), seqused_k=torch.tensor(used_k, **i32)) if seqused else {}
@@ -353,12 +371,12 @@ def run_varlen_case(dtype, causal, head_dim, rng, seqused=False, sinks=False, wi
     out, lse = flash3.flash_attn_varlen_func(q, k, v, torch.tensor(cu_q, **i32), torch.tensor(cu_k, **i32),
                                              max(lens_q), max(lens_k), causal=causal, window_size=window,
                                              softcap=softcap, sinks=sink_t, return_attn_probs=True, **used)
-    assert out.shape == q.shape and lse.shape == (hq, total_q)
+    assert out.shape == (total_q, hq, dv) and lse.shape == (hq, total_q)
     dout = torch.randn_like(out)
     inputs = (q, k, v) if sink_t is None else (q, k, v, sink_t)
     grads = torch.autograd.grad(out, inputs, dout)
     case = dict(lens_q=lens_q, lens_k=lens_k, used_q=used_q, used_k=used_k, heads=(hq, heads_kv), causal=causal,
-                window=window, softcap=softcap, sinks=sinks)
+                window=window, softcap=softcap, sinks=sinks, head_dims=(d, dv))
     own_dsinks = torch.zeros(hq, dtype=torch.float64, device="cuda")
     for b in range(batch):
         rows = slice(cu_q[b], cu_q[b] + used_q[b])

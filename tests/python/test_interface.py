@@ -19,20 +19,21 @@ def meta(*shape, dtype=BF16, requires_grad=False):
     return torch.empty(*shape, dtype=dtype, device="meta", requires_grad=requires_grad)
 
 
-def qkv(b=2, sq=100, sk=70, hq=8, hkv=2, d=128, dtype=BF16, requires_grad=False):
+def qkv(b=2, sq=100, sk=70, hq=8, hkv=2, d=128, dtype=BF16, requires_grad=False, dv=None):
+    """q, k, v on meta; v of head dim dv (None: d)."""
     return (meta(b, sq, hq, d, dtype=dtype, requires_grad=requires_grad),
             meta(b, sk, hkv, d, dtype=dtype, requires_grad=requires_grad),
-            meta(b, sk, hkv, d, dtype=dtype, requires_grad=requires_grad))
+            meta(b, sk, hkv, d if dv is None else dv, dtype=dtype, requires_grad=requires_grad))
 
 
 # ---- argument errors --------------------------------------------------------
 
 
-def packed(total_q=300, total_k=250, hq=8, hkv=2, d=128, batch=3, dtype=BF16, requires_grad=False):
-    """Packed q, k, v ([total, heads, head_dim]) and cu_seqlens_q/k on meta."""
+def packed(total_q=300, total_k=250, hq=8, hkv=2, d=128, batch=3, dtype=BF16, requires_grad=False, dv=None):
+    """Packed q, k, v ([total, heads, head_dim]; v's dv, None: d) and cu_seqlens_q/k on meta."""
     return (meta(total_q, hq, d, dtype=dtype, requires_grad=requires_grad),
             meta(total_k, hkv, d, dtype=dtype, requires_grad=requires_grad),
-            meta(total_k, hkv, d, dtype=dtype, requires_grad=requires_grad),
+            meta(total_k, hkv, d if dv is None else dv, dtype=dtype, requires_grad=requires_grad),
             meta(batch + 1, dtype=torch.int32), meta(batch + 1, dtype=torch.int32))
 
 
@@ -53,6 +54,7 @@ def _bad_varlen_calls():
         ("varlen head dim", call(k=meta(250, 2, 64), v=meta(250, 2, 64)), ValueError, "k: head_dim must be q's"),
         ("varlen gqa", call(k=meta(250, 3, 128), v=meta(250, 3, 128)), ValueError, "k: its heads (3)"),
         ("varlen v shape", call(v=meta(251, 2, 128)), ValueError, "v: shape must be k's"),
+        ("varlen v head dim", call(v=meta(250, 2, 64)), ValueError, "v: head_dim must be q's (128)"),
         ("varlen cpu", call(q=torch.empty(300, 8, 128, dtype=BF16)), ValueError, "q: must be a CUDA tensor"),
         ("cu_seqlens_q type", call(cu_seqlens_q=[0, 100, 300]), ValueError, "cu_seqlens_q: must be a torch.Tensor"),
         ("cu_seqlens_q dtype", call(cu_seqlens_q=meta(4, dtype=torch.int64)), ValueError,
@@ -134,6 +136,13 @@ def _bad_calls():
         ("k batch", lambda: f(q, meta(3, 70, 2, 128), meta(3, 70, 2, 128)), ValueError, "k: batch must be q's"),
         ("k head dim", lambda: f(q, meta(2, 70, 2, 64), meta(2, 70, 2, 64)), ValueError, "k: head_dim must be q's"),
         ("v shape", lambda: f(q, k, meta(2, 71, 2, 128)), ValueError, "v: shape must be k's"),
+        ("v head dim", lambda: f(q, k, meta(2, 70, 2, 64)), ValueError, "v: head_dim must be q's (128)"),
+        ("v head dim of 192", lambda: f(*qkv(d=192, dv=64)), ValueError, "v: head_dim must be q's (192), or 128"),
+        ("v head dim 192 / 256", lambda: f(*qkv(d=192, dv=256)), ValueError, "v: head_dim must be q's (192)"),
+        ("fp8 v head dim", lambda: f(*qkv(d=128, dv=64, dtype=E4M3)), ValueError,
+         "v: head_dim must be q's (128)"),
+        ("quantize v head dim", lambda: flash3.quantize_fp8(*qkv(d=128, dv=64)), ValueError,
+         "v: head_dim must be q's (128)"),
         ("head dim", lambda: f(*qkv(d=80)), ValueError, "q: head_dim 80 is not supported"),
         ("fp8 head dim", lambda: f(*qkv(d=96, dtype=E4M3)), ValueError, "q: head_dim 96 is not supported with FP8"),
         ("gqa", lambda: f(*qkv(hq=8, hkv=3)), ValueError, "k: its heads (3) must divide q's (8)"),
@@ -232,6 +241,27 @@ def test_forward_backward_shapes_on_meta(d, dtype):
     out.sum().backward()
     for t in (q, k, v):
         assert (t.grad.shape, t.grad.dtype, t.grad.stride()) == (t.shape, dtype, t.contiguous().stride())
+
+
+@pytest.mark.parametrize("d,dv", interface.HEAD_DIM_PAIRS)
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_value_head_dim_shapes_on_meta(d, dv, dtype):
+    # O and dV have V's head dim; dQ and dK Q's; the scale is 1/sqrt(Q's).
+    q, k, v = qkv(b=3, sq=77, sk=131, hq=6, hkv=2, d=d, dv=dv, dtype=dtype, requires_grad=True)
+    out, lse = flash3.flash_attn_func(q, k, v, causal=True, window_size=(40, 0), softcap=30.0,
+                                      return_attn_probs=True)
+    assert (out.shape, out.dtype, out.stride()) == ((3, 77, 6, dv), dtype, (77 * 6 * dv, 6 * dv, dv, 1))
+    assert (lse.shape, lse.dtype) == ((3, 6, 77), torch.float32)
+    out.sum().backward()
+    for t in (q, k, v):
+        assert (t.grad.shape, t.grad.dtype, t.grad.stride()) == (t.shape, dtype, t.contiguous().stride())
+    q, k, v, cu_q, cu_k = packed(total_q=301, total_k=257, hq=6, hkv=2, d=d, dv=dv, batch=4, dtype=dtype,
+                                 requires_grad=True)
+    out = flash3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 120, 99, causal=True)
+    assert (out.shape, out.stride()) == ((301, 6, dv), (6 * dv, dv, 1))
+    out.sum().backward()
+    for t in (q, k, v):
+        assert t.grad.shape == t.shape
 
 
 @pytest.mark.parametrize("with_seqused", [False, True], ids=["cu_seqlens", "seqused"])
@@ -385,7 +415,28 @@ def _op_cases():
         ("bwd sinks", torch.ops.flash3.bwd.default,
          (d[0], *d, d[0], lse, 0.125, False, False, meta(4, dtype=torch.float32))),
         ("quantize", torch.ops.flash3.quantize_fp8.default, (*d, _abi.PER_BLOCK, True, 1)),
+        *_value_head_dim_op_cases(),
         *_varlen_op_cases(),
+    ]
+
+
+def _value_head_dim_op_cases():
+    """V's head dim of its own: O, dO and dV of 128 columns beside Q and K's 192."""
+    q, k, v = qkv(b=2, sq=65, sk=130, hq=4, hkv=2, d=192, dv=128, requires_grad=True)
+    lse = meta(2, 4, 65, dtype=torch.float32)
+    d = [t.detach() for t in (q, k, v)]
+    out = meta(2, 65, 4, 128)
+    qp, kp, vp, cu_q, cu_k = packed(total_q=130, total_k=100, hq=4, hkv=2, d=192, dv=128, batch=3,
+                                    requires_grad=True)
+    dp = [t.detach() for t in (qp, kp, vp)]
+    out_p, lse_p = meta(130, 4, 128), meta(4, 130, dtype=torch.float32)
+    return [
+        ("fwd dv", torch.ops.flash3.fwd.default, (q, k, v, None, None, None, 0.125, True, False, BF16)),
+        ("bwd dv", torch.ops.flash3.bwd.default, (out, *d, out, lse, 0.125, True, False)),
+        ("varlen fwd dv", torch.ops.flash3.varlen_fwd.default,
+         (qp, kp, vp, cu_q, cu_k, None, None, 60, 50, 0.125, True, False)),
+        ("varlen bwd dv", torch.ops.flash3.varlen_bwd.default,
+         (out_p, *dp, out_p, lse_p, cu_q, cu_k, None, None, 60, 50, 0.125, True, False)),
     ]
 
 

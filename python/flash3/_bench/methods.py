@@ -89,13 +89,16 @@ def load_methods(torch, names):
 # ---- workloads -----------------------------------------------------------------------------
 
 def make_inputs(torch, shape, seed):
-    """q, k, v ~ N(0, 1) (requiring grad for the backward passes) and dO, from a seeded generator."""
+    """q, k, v ~ N(0, 1) (requiring grad for the backward passes) and dO, from a seeded generator; v and
+    dO of V's head dim (hdim_v, where the shape has one of its own)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[shape["dtype"]]
     size = (shape["batch"], shape["seqlen"], shape["heads"], shape["hdim"])
+    size_v = size[:3] + (shape.get("hdim_v", shape["hdim"]),)
     grad = shape["pass"] != "fwd"
-    q, k, v = (torch.randn(size, generator=gen, device="cuda", dtype=dtype).requires_grad_(grad) for _ in range(3))
-    dout = torch.randn(size, generator=gen, device="cuda", dtype=dtype) if grad else None
+    q, k, v = (torch.randn(s, generator=gen, device="cuda", dtype=dtype).requires_grad_(grad)
+               for s in (size, size, size_v))
+    dout = torch.randn(size_v, generator=gen, device="cuda", dtype=dtype) if grad else None
     return q, k, v, dout
 
 

@@ -10,6 +10,8 @@ import statistics
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
 SHAPE_KEYS = ("pass", "dtype", "hdim", "causal", "batch", "seqlen", "heads")
+# A shape with V's head dim of its own (hdim Q and K's) also has "hdim_v".
+OPTIONAL_SHAPE_KEYS = ("hdim_v",)
 # Every method the benchmark knows, in the order of its tables and plots; the
 # peers after flash3 run only where importable.
 METHODS = {
@@ -19,9 +21,9 @@ METHODS = {
     "fa3": "flash_attn_interface (FA3)",
     "fa2": "flash_attn (FA2)",
 }
-CSV_FIELDS = SHAPE_KEYS + ("method", "status", "ms", "tflops", "max_err", "ref_err", "sm_mhz", "power_w",
-                           "regime", "note")
-CSV_TYPES = {"hdim": int, "batch": int, "seqlen": int, "heads": int, "ms": float, "tflops": float,
+CSV_FIELDS = SHAPE_KEYS + OPTIONAL_SHAPE_KEYS + ("method", "status", "ms", "tflops", "max_err", "ref_err", "sm_mhz",
+                                                "power_w", "regime", "note")
+CSV_TYPES = {"hdim": int, "hdim_v": int, "batch": int, "seqlen": int, "heads": int, "ms": float, "tflops": float,
              "max_err": float, "ref_err": float, "sm_mhz": float, "power_w": float}
 
 
@@ -31,29 +33,47 @@ def paper_sweep(passes=PASSES, head_dims=(64, 128, 256), seqlens=(512, 1024, 204
                 causal=(False, True), dtype="bf16", tokens=16384, hidden=2048):
     """The FlashAttention-3 paper's shapes: batch = tokens / seqlen, heads = hidden / hdim.
 
-    flash3-bench's order: head dim, then mask, then seqlen; the passes of a
-    shape follow each other.
+    A head dim is an int, or a (Q and K's, V's) pair for V's head dim of its
+    own (heads = hidden / Q's). flash3-bench's order: head dim, then mask,
+    then seqlen; the passes of a shape follow each other.
     """
-    return [{"pass": p, "dtype": dtype, "hdim": d, "causal": c, "batch": max(1, tokens // s), "seqlen": s,
-             "heads": max(1, hidden // d)}
-            for d in head_dims for c in causal for s in seqlens for p in passes]
+    shapes = []
+    for dims in head_dims:
+        d, dv = (dims, dims) if isinstance(dims, int) else dims
+        for c in causal:
+            for s in seqlens:
+                for p in passes:
+                    shape = {"pass": p, "dtype": dtype, "hdim": d, "causal": c, "batch": max(1, tokens // s),
+                             "seqlen": s, "heads": max(1, hidden // d)}
+                    shapes.append(shape if dv == d else {**shape, "hdim_v": dv})
+    return shapes
 
 
-def attention_flops(pass_, hdim, causal, batch, seqlen, heads):
-    """The FlashAttention papers' count: 4 s^2 d h b, half when causal, x2.5 for bwd, x3.5 for fwd+bwd."""
-    flops = 4 * seqlen * seqlen * hdim * heads * batch
-    if causal:
-        flops //= 2
-    return {"fwd": flops, "bwd": flops * 5 // 2, "fwd+bwd": flops * 7 // 2}[pass_]
+def attention_flops(pass_, hdim, causal, batch, seqlen, heads, hdim_v=None):
+    """The FlashAttention papers' count, from the GEMMs: the forward's two
+    (Q K^T over hdim, P V over hdim_v, None: hdim) 2 s^2 (d + dv) h b, the
+    backward's five 2 s^2 (3 d + 2 dv) h b, half when causal; with dv = d,
+    4 s^2 d h b, x2.5 for bwd, x3.5 for fwd+bwd."""
+    dv = hdim if hdim_v is None else hdim_v
+    fwd = 2 * seqlen * seqlen * (hdim + dv) * heads * batch
+    bwd = 2 * seqlen * seqlen * (3 * hdim + 2 * dv) * heads * batch
+    flops = {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[pass_]
+    return flops // 2 if causal else flops
 
 
 def shape_flops(shape):
     return attention_flops(shape["pass"], shape["hdim"], shape["causal"], shape["batch"], shape["seqlen"],
-                           shape["heads"])
+                           shape["heads"], shape.get("hdim_v"))
 
 
 def shape_of(record):
-    return {k: record[k] for k in SHAPE_KEYS}
+    return {k: record[k] for k in SHAPE_KEYS + OPTIONAL_SHAPE_KEYS if k in record}
+
+
+def hdim_label(shape):
+    """The head dim as the tables show it: "128", or "192/128" with V's of its own."""
+    dv = shape.get("hdim_v", shape["hdim"])
+    return f"{shape['hdim']}" if dv == shape["hdim"] else f"{shape['hdim']}/{dv}"
 
 
 def rotated(items, turn):
@@ -122,7 +142,7 @@ def by_shape(results):
     """{shape tuple: {method: record}}, shapes in first-seen order."""
     table = {}
     for r in results:
-        table.setdefault(tuple(r[k] for k in SHAPE_KEYS), {})[r["method"]] = r
+        table.setdefault(tuple(r.get(k) for k in SHAPE_KEYS + OPTIONAL_SHAPE_KEYS), {})[r["method"]] = r
     return table
 
 
@@ -140,8 +160,8 @@ def format_table(results):
               + [f"flash3 / {METHODS[m]}" for m in peers])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key, row in by_shape(results).items():
-        shape = dict(zip(SHAPE_KEYS, key))
-        cells = [shape["pass"], shape["dtype"], shape["hdim"], "yes" if shape["causal"] else "no", shape["batch"],
+        shape = {k: v for k, v in zip(SHAPE_KEYS + OPTIONAL_SHAPE_KEYS, key) if v is not None}
+        cells = [shape["pass"], shape["dtype"], hdim_label(shape), "yes" if shape["causal"] else "no", shape["batch"],
                  shape["seqlen"], shape["heads"]]
         cells += [cell(row.get(m)) for m in methods]
         cells += [ratio(row.get("flash3"), row.get(m)) for m in peers]
@@ -150,7 +170,7 @@ def format_table(results):
 
 
 def shape_label(shape):
-    return (f"{shape['pass']} {shape['dtype']} hdim {shape['hdim']}{' causal' if shape['causal'] else ''} "
+    return (f"{shape['pass']} {shape['dtype']} hdim {hdim_label(shape)}{' causal' if shape['causal'] else ''} "
             f"seqlen {shape['seqlen']} batch {shape['batch']} heads {shape['heads']}")
 
 
@@ -174,7 +194,8 @@ def format_header(meta):
         f"device: {device.get('name', '?')}" + (f" ({clocks})" if clocks else ""),
         f"regime: {regime_label(meta['regime'])}",
         f"timer: {meta.get('timer', '?')}",
-        "TFLOP/s = 4 * seqlen^2 * hdim * heads * batch, /2 causal, x2.5 bwd, x3.5 fwd+bwd",
+        "TFLOP/s = 4 * seqlen^2 * hdim * heads * batch, /2 causal, x2.5 bwd, x3.5 fwd+bwd "
+        "(V's head dim dv of its own: 2 * seqlen^2 * (hdim + dv) fwd, 2 * seqlen^2 * (3 hdim + 2 dv) bwd)",
     ])
 
 
