@@ -13,14 +13,26 @@ import statistics
 import sys
 
 
+def hdim_label(record):
+    hdim, hdim_v = record["hdim"], record.get("hdim_v", record["hdim"])
+    return str(hdim) if hdim_v == hdim else f"{hdim}/{hdim_v}"
+
+
+def row_order(key):
+    """Pass, dtype, head dim (192 before 192/128), mask, seqlen."""
+    hdim, _, hdim_v = key[2].partition("/")
+    return key[:2] + (int(hdim), -int(hdim_v or hdim)) + key[3:]
+
+
 def bench_rows(paths):
-    """{(pass, dtype, hdim, causal, seqlen): tflops} from flash3-bench --json files."""
+    """{(pass, dtype, hdim, causal, seqlen): tflops} from flash3-bench --json files; hdim is "192/128"
+    where V's head dim is its own."""
     rows = {}
     for path in paths:
         with open(path) as f:
             for r in json.load(f):
                 if r["tflops"] > 0:
-                    rows[(r["pass"], r["dtype"], r["hdim"], bool(r["causal"]), r["seqlen_q"])] = r["tflops"]
+                    rows[(r["pass"], r["dtype"], hdim_label(r), bool(r["causal"]), r["seqlen_q"])] = r["tflops"]
     return rows
 
 
@@ -31,7 +43,7 @@ def python_rows(paths, method="flash3"):
         with open(path) as f:
             for r in json.load(f)["results"]:
                 if r["method"] == method and r["status"] == "ok":
-                    rows[(r["pass"], r["dtype"], r["hdim"], bool(r["causal"]), r["seqlen"])] = r["tflops"]
+                    rows[(r["pass"], r["dtype"], hdim_label(r), bool(r["causal"]), r["seqlen"])] = r["tflops"]
     return rows
 
 
@@ -39,7 +51,7 @@ def table(bench, python, tolerance):
     lines = ["| pass | dtype | hdim | causal | seqlen | flash3-bench | flash_attn_func | ratio |",
              "|---|---|---|---|---|---|---|---|"]
     ratios, outside = [], 0
-    for key in sorted(set(bench) & set(python)):
+    for key in sorted(set(bench) & set(python), key=row_order):
         ratio = python[key] / bench[key]
         ratios.append(ratio)
         flag = "" if abs(ratio - 1) <= tolerance else " **"

@@ -54,7 +54,8 @@ PEERS_GLOB = "peers*.json"
 SEPARATE_PEERS = "compare.json"
 INPUT_FILES = ("gpu.txt",) + BENCH_FILES + ("bench_bwd_det.json", "ablation.json", SEPARATE_PEERS,
                                             "fp8_accuracy.txt", "clocks.txt") + VARLEN_FILES
-SHAPE_KEYS = ("pass", "dtype", "hdim", "causal", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv")
+# hdim_v: V's head dim (hdim where a file has none), so that 192 / 128 is a row of its own beside 192.
+SHAPE_KEYS = ("pass", "dtype", "hdim", "hdim_v", "causal", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv")
 PASS_ORDER = ("fwd", "bwd", "fwd+bwd")
 PASS_NAMES = {"fwd": "Forward", "bwd": "Backward", "fwd+bwd": "Forward + backward"}
 DTYPE_ORDER = ("bf16", "fp16", "e4m3")
@@ -213,7 +214,12 @@ def load(data):
 # Markdown lines that say how it was timed.
 
 def shape_key(entry):
-    return tuple(entry[k] for k in SHAPE_KEYS)
+    return tuple(entry.get(k, entry["hdim"]) if k == "hdim_v" else entry[k] for k in SHAPE_KEYS)
+
+
+def hdim_label(hdim, hdim_v):
+    """A head dim as the tables print it: 128, or 192/128 where V's is its own."""
+    return str(hdim) if hdim_v == hdim else f"{hdim}/{hdim_v}"
 
 
 def bench_rows(entries):
@@ -241,7 +247,8 @@ def peer_rows(results):
     """One row per shape of python -m flash3.benchmark's records (its shapes have seqlen_q = seqlen_k, MHA)."""
     rows = {}
     for r in results:
-        shape = {"pass": r["pass"], "dtype": r["dtype"], "hdim": r["hdim"], "causal": r["causal"],
+        shape = {"pass": r["pass"], "dtype": r["dtype"], "hdim": r["hdim"], "hdim_v": r.get("hdim_v", r["hdim"]),
+                 "causal": r["causal"],
                  "batch": r["batch"], "seqlen_q": r["seqlen"], "seqlen_k": r["seqlen"], "heads_q": r["heads"],
                  "heads_kv": r["heads"]}
         rows.setdefault(shape_key(shape), shape)[r["method"]] = outcome(r)
@@ -284,7 +291,7 @@ def regime_section(files):
 def separate_section(compare):
     """compare.json, from runs before peers*.json: flash3-bench's times beside SDPA's from a separate process."""
     # SDPA has no FP8 attention: flash3-bench's section holds the e4m3 rows.
-    rows = [dict({k: r[k] for k in SHAPE_KEYS}, flash3=r["flash3"], sdpa_cudnn=r["cudnn"], sdpa_flash=r["fa2"])
+    rows = [dict(zip(SHAPE_KEYS, shape_key(r)), flash3=r["flash3"], sdpa_cudnn=r["cudnn"], sdpa_flash=r["fa2"])
             for r in compare["rows"] if r["dtype"] != "e4m3"]
     about = ["From `compare.json`, written before `python -m flash3.benchmark` timed every method in one process:",
              "flash3's times are flash3-bench's (in its regime, below), and SDPA's backends were timed after them in",
@@ -367,13 +374,18 @@ def tables(rows):
 
 
 def row_group(row):
-    """The table row a shape belongs to: head dim, mask, and the GQA ratio where there is one."""
-    return (row["hdim"], row["causal"], row["heads_q"] // max(row["heads_kv"], 1))
+    """The table row a shape belongs to: head dims, mask, and the GQA ratio where there is one."""
+    return (row["hdim"], row["hdim_v"], row["causal"], row["heads_q"] // max(row["heads_kv"], 1))
+
+
+def group_order(group):
+    """Head dim, then V's largest first: 192 before 192/128."""
+    return (group[0], -group[1]) + tuple(group[2:])
 
 
 def group_label(group, heads_column):
-    hdim, causal, gqa = group
-    return [str(hdim), "yes" if causal else "no"] + ([f"GQA {gqa}" if gqa != 1 else "MHA"] if heads_column else [])
+    hdim, hdim_v, causal, gqa = group
+    return [hdim_label(hdim, hdim_v), "yes" if causal else "no"] + ([f"GQA {gqa}" if gqa != 1 else "MHA"] if heads_column else [])
 
 
 def long_rows(rows):
@@ -443,10 +455,10 @@ def sweep_table(rows, methods):
     for r in rows:
         groups.setdefault(row_group(r), {})[(r["seqlen_q"], r["seqlen_k"])] = r
     shown = shown_methods(rows, methods)
-    gqa = any(g[2] != 1 for g in groups)
+    gqa = any(g[3] != 1 for g in groups)
     header = ["hdim", "causal"] + (["heads"] if gqa else []) + ["method"] + [column_label(c) for c in columns]
     body = []
-    for group in sorted(groups):
+    for group in sorted(groups, key=group_order):
         label = group_label(group, gqa)
         lines = [(name, lambda r, key=key: cell(r.get(key))) for key, name in shown]
         if any(key == CUDNN for key, _ in shown):
@@ -571,11 +583,11 @@ def accuracy_section(run, rows):
                       f"of {len(checks)}")
         groups = {}
         for r in table_rows:
-            groups.setdefault((r["hdim"], r["causal"]), []).extend(r["checks"])
-        for (hdim, causal), entries in sorted(groups.items()):
+            groups.setdefault((r["hdim"], r["hdim_v"], r["causal"]), []).extend(r["checks"])
+        for (hdim, hdim_v, causal), entries in sorted(groups.items(), key=lambda item: group_order(item[0])):
             errs = [e for e in entries if "max_err" in e]
             worst = max(errs, key=lambda e: e["max_err"] / e["ref_err"] if e["ref_err"] else 0.0) if errs else None
-            body.append([key[0], key[1], hdim, "yes" if causal else "no",
+            body.append([key[0], key[1], hdim_label(hdim, hdim_v), "yes" if causal else "no",
                          f"{sum(e.get('ok', True) for e in entries)} of {len(entries)}",
                          fmt(max(e["max_err"] for e in errs), ".2e") if errs else NOT_MEASURED,
                          fmt(max(e["ref_err"] for e in errs), ".2e") if errs else NOT_MEASURED,
@@ -667,10 +679,10 @@ def headline(run, doc_link, plot_link):
         seqlen = max(r["seqlen_q"] for r in table_rows)
         longest.add(seqlen)
         at = {row_group(r): r for r in table_rows if r["seqlen_q"] == seqlen}
-        for hdim in sorted({g[0] for g in at}):
-            cells = [f"{PASS_NAMES.get(pass_, pass_).lower()}, {dtype}", hdim]
+        for hdim, hdim_v in sorted({g[:2] for g in at}, key=group_order):
+            cells = [f"{PASS_NAMES.get(pass_, pass_).lower()}, {dtype}", hdim_label(hdim, hdim_v)]
             for causal in (False, True):
-                r = at.get((hdim, causal, 1))
+                r = at.get((hdim, hdim_v, causal, 1))
                 cells += [cell(r.get(key)) if r else NOT_MEASURED for key, _ in shown]
             body.append(cells)
     gpu = run["gpu"]
@@ -709,7 +721,7 @@ def write_plot(section, title, path):
     """Paper Figure 5's layout, drawn by the benchmark's own plot (python/flash3/_bench/plot.py) from the
     section's rows, seqlen_q along the axis. Returns None, or why no plot was written."""
     records = [{"pass": r["pass"], "dtype": r["dtype"], "causal": r["causal"], "hdim": r["hdim"],
-                "seqlen": r["seqlen_q"], "method": key, "status": "ok", "tflops": tflops(r.get(key))}
+                "hdim_v": r["hdim_v"], "seqlen": r["seqlen_q"], "method": key, "status": "ok", "tflops": tflops(r.get(key))}
                for r in section["rows"] for key, _ in section["methods"] if tflops(r.get(key))]
     path.parent.mkdir(parents=True, exist_ok=True)
     return figure.write_plot(records, dict(section["methods"]), title, path)

@@ -41,6 +41,7 @@ def flash3_json(entries):
     for e in entries:
         lines.append(
             f'  {{"pass": "{e["pass"]}", "variant": "{e["variant"]}", "dtype": "{e["dtype"]}", "hdim": {e["hdim"]}, '
+            f'"hdim_v": {e.get("hdim_v", e["hdim"])}, '
             f'"causal": {"true" if e["causal"] else "false"}, "batch": {e["batch"]}, "seqlen_q": {e["seqlen_q"]}, '
             f'"seqlen_k": {e["seqlen_k"]}, "heads_q": {e["heads_q"]}, "heads_kv": {e["heads_kv"]}, '
             f'"ms": {num(e["ms"])}, "tflops": {num(e["tflops"])}, "max_err": {num(e["max_err"])}, '
@@ -340,6 +341,23 @@ def test_varlen(generated):
             "| 0.950 | 250.0 | 7.5 |") in packed
     assert ("| mix | fwd | e4m3 | 128 | yes | 5 documents, 16384 tokens, mean 4125 (fixed 4 x 4k) | 900.0 | 855.0 "
             "| 0.950 | n/a | n/a |") in packed
+
+
+def test_value_head_dim_of_its_own_is_a_row_of_its_own(tmp_path):
+    # flash3-bench --hdim 192,192/128: two rows, each with its own numbers and checks, 192/128 after 192.
+    run = write_run(tmp_path / "out", peers=False)
+    fwd = json.loads((run / "bench.json").read_text())
+    for seqlen in SEQLENS:
+        fwd.append(entry("fwd", "bf16", 192, False, seqlen, 700.0 + SEQLENS.index(seqlen)))
+        fwd.append(dict(entry("fwd", "bf16", 192, False, seqlen, 650.0 + SEQLENS.index(seqlen)), hdim_v=128))
+    (run / "bench.json").write_text(flash3_json(fwd))
+    done, _, docs, _ = generate(tmp_path, make_logs_tgz(run, tmp_path / "logs.tgz"))
+    assert done.returncode == 0, done.stderr
+    md = (docs / "performance.md").read_text()
+    rows = [line for line in section(section(md, "## flash3-bench, the C++ benchmark"), "### Forward, bf16")
+            .splitlines() if line.startswith("| 1") and "**flash3**" in line]
+    assert rows[-2:] == ["| 192 | no | **flash3** | 700.0 | 701.0 |", "| 192/128 | no | **flash3** | 650.0 | 651.0 |"]
+    assert "| fwd | bf16 | 192/128 | no | 2 of 2 |" in section(md, "## Accuracy")
 
 
 def test_accuracy(generated):

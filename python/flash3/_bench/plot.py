@@ -30,15 +30,16 @@ def write_plot(results, labels, title, path):
     color = dict(zip(labels, COLORS))
     rows = sorted({(r["pass"], r["dtype"], r["causal"]) for r in timed},
                   key=lambda row: (list(PASS_TITLES).index(row[0]), row[1], row[2]))
-    hdims = sorted({r["hdim"] for r in timed})
+    # A panel per head dims (Q's, V's): 192/128 beside 192.
+    hdims = sorted({(r["hdim"], r.get("hdim_v", r["hdim"])) for r in timed}, key=lambda h: (h[0], -h[1]))
     header_in = 0.65  # inches above the panels: title (two lines) and legend
     height = 2.8 * len(rows) + header_in
     fig, axes = plt.subplots(len(rows), len(hdims), figsize=(max(4.2 * len(hdims), 7.0), height), squeeze=False)
     for i, (pass_, dtype, causal) in enumerate(rows):
-        for j, hdim in enumerate(hdims):
+        for j, (hdim, hdim_v) in enumerate(hdims):
             ax = axes[i][j]
-            panel = [r for r in timed
-                     if (r["pass"], r["dtype"], r["causal"], r["hdim"]) == (pass_, dtype, causal, hdim)]
+            panel = [r for r in timed if (r["pass"], r["dtype"], r["causal"], r["hdim"], r.get("hdim_v", r["hdim"]))
+                     == (pass_, dtype, causal, hdim, hdim_v)]
             if not panel:
                 ax.axis("off")
                 continue
@@ -57,7 +58,7 @@ def write_plot(results, labels, title, path):
             ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # room for the bar labels
             ax.grid(axis="y", alpha=0.3)
             ax.set_axisbelow(True)
-            ax.set_title(f"{PASS_TITLES[pass_]} {dtype}, head dim {hdim}, {'causal' if causal else 'no mask'}",
+            ax.set_title(f"{PASS_TITLES[pass_]} {dtype}, head dim {hdim if hdim_v == hdim else f'{hdim}/{hdim_v}'}, {'causal' if causal else 'no mask'}",
                          fontsize=9)
             if j == 0:
                 ax.set_ylabel("TFLOP/s", fontsize=8)
