@@ -123,10 +123,13 @@ if has sanitize; then
   # Softcapping: its tanh in both passes, and the backward's slopes (kept at
   # head dim 128, recovered from P at 64).
   softcap="--pass fwd+bwd --seqlen 300 --tokens 600 --hidden 512 --hdim 64,128,256 --softcap 1.5 --reps 1"
+  # V's head dim of its own (192 / 128): both passes, GQA, softcapping's kernels.
+  pair="--pass fwd+bwd --seqlen 300 --tokens 600 --hidden 384 --hdim 192/128 --gqa 2 --reps 1"
+  pair_softcap="--pass fwd+bwd --seqlen 300 --tokens 600 --hidden 384 --hdim 192/128 --softcap 1.5 --sinks --reps 1"
   # The ablation variant without warp specialization: several tiles per CTA.
   nows="--no-ws --seqlen 512 --tokens 8192 --hidden 512 --hdim 128 --reps 1 --no-check"
   for tool in memcheck racecheck synccheck; do
-    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$bwd_split" "$bwd_split2" "$fp8" "$fp8_head" "$sinks" "$window" "$window_causal" "$softcap" "$nows"; do
+    for args in "$small" "$dynamic" "$bwd" "$bwd_det" "$bwd_split" "$bwd_split2" "$fp8" "$fp8_head" "$sinks" "$window" "$window_causal" "$softcap" "$pair" "$pair_softcap" "$nows"; do
       [ $tool = racecheck ] && [ "$args" = "$fp8_head" ] && args=$fp8_head_race
       timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/flash3-bench $args >>"$OUT/sanitize.log" 2>&1
       summary+=("compute-sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
@@ -146,7 +149,7 @@ if has sanitize || has sanitize_varlen; then
   for tool in memcheck racecheck synccheck; do
     if [ $tool = racecheck ]; then
       FLASH3_LIBRARY="$pylib" PYTHONPATH="$PWD/python" timeout 300 compute-sanitizer --tool racecheck \
-        --error-exitcode 9 python3 scripts/sanitize_varlen.py ${SANITIZE_HDIMS:-64 128 256} >>"$OUT/sanitize.log" 2>&1
+        --error-exitcode 9 python3 scripts/sanitize_varlen.py ${SANITIZE_HDIMS:-64 128 256 192/128} >>"$OUT/sanitize.log" 2>&1
     else
       timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 $B/test_gpu \
         --gtest_filter='Forward.Varlen:Backward.Varlen:ForwardFp8.Varlen' >>"$OUT/sanitize.log" 2>&1

@@ -1,9 +1,10 @@
 """A few small packed (varlen) calls for compute-sanitizer's racecheck, whose
 run over the full varlen tests outlasts a device call: both passes in bf16
 (causal, a window, softcap with sinks, GQA, seqused, empty and partial
-sequences) and the FP8 forward. Exits non-zero on a NaN in what it checks.
+sequences) and the FP8 forward (where V's head dim is Q's). Exits non-zero on
+a NaN in what it checks.
 
-    compute-sanitizer --tool racecheck python3 scripts/sanitize_varlen.py [head dim ...]
+    compute-sanitizer --tool racecheck python3 scripts/sanitize_varlen.py [head dim (D or D/DV) ...]
 """
 import sys
 
@@ -22,11 +23,19 @@ cases = [
     dict(causal=True, softcap=2.0, sinks=True),
     dict(causal=False, seqused=True),
 ]
-for d in [int(a) for a in sys.argv[1:]] or [64, 128, 256]:
+
+
+def head_dims(arg):
+    """(Q's, V's) head dims of "D" or "D/DV"."""
+    d, _, dv = arg.partition("/")
+    return int(d), int(dv or d)
+
+
+for d, dv in [head_dims(a) for a in sys.argv[1:]] or [(h, h) for h in (64, 128, 256)]:
     for case in cases:
         q = torch.randn(total, 4, d, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
         k = torch.randn(total, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
-        v = torch.randn(total, 2, d, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
+        v = torch.randn(total, 2, dv, device="cuda", dtype=torch.bfloat16, generator=gen, requires_grad=True)
         sinks = torch.randn(4, device="cuda", generator=gen, requires_grad=True) if case.get("sinks") else None
         used = seqused if case.get("seqused") else None
         out = flash3.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, seqused_q=used, seqused_k=used,
@@ -35,6 +44,8 @@ for d in [int(a) for a in sys.argv[1:]] or [64, 128, 256]:
                                             softcap=case.get("softcap", 0.0), sinks=sinks)
         out.float().square().sum().backward()
         assert not q.grad.isnan().any(), (d, case)
+    if dv != d:
+        continue
     q8, k8, v8 = (torch.randn(total, h, d, device="cuda", generator=gen).to(torch.float8_e4m3fn) for h in (4, 2, 2))
     one = torch.ones(1, device="cuda")
     out = flash3.flash_attn_varlen_func(q8, k8, v8, cu, cu, longest, longest, causal=True, q_descale=one,

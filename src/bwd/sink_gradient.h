@@ -18,7 +18,7 @@ struct SinkGradientParams {
   float* dsinks;          // [heads], written
   int batch;
   int num_heads;
-  int padded_rows;
+  int padded_rows;        // a multiple of 4 (whole row blocks): rows are read as float4
 };
 
 // Enqueues the sum on `stream`, after the preprocess's D and LSE.
