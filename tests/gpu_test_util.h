@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "flash3/flash3.h"
@@ -182,6 +183,75 @@ struct DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
 
+// A packed batch's layout (varlen) for the GPU tests: sequence b's len_q[b]
+// query and len_k[b] key rows that take part, then kSequsedPad rows past
+// them where seqused is given, then `tail` rows past the last sequence;
+// cu_seqlens and seqused on the host and the device.
+struct PackedBatch {
+  static constexpr int kSequsedPad = 5;
+  std::vector<int> len_q, len_k;
+  bool seqused;
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  int total_q, total_k;
+  int64_t max_q, max_k;  // the longest sequence's rows, its padding included
+  DeviceBuffer<int32_t> d_cu_q, d_cu_k, d_used_q, d_used_k;
+
+  PackedBatch(std::vector<int> lq, std::vector<int> lk, bool used, int tail)
+      : len_q(std::move(lq)), len_k(std::move(lk)), seqused(used), d_cu_q(len_q.size() + 1),
+        d_cu_k(len_q.size() + 1), d_used_q(len_q.size()), d_used_k(len_q.size()) {
+    int const pad = seqused ? kSequsedPad : 0;
+    for (size_t b = 0; b < len_q.size(); ++b) {
+      cu_q.push_back(cu_q.back() + len_q[b] + pad);
+      cu_k.push_back(cu_k.back() + len_k[b] + pad);
+    }
+    total_q = cu_q.back() + tail;
+    total_k = cu_k.back() + tail;
+    max_q = *std::max_element(len_q.begin(), len_q.end()) + pad;
+    max_k = *std::max_element(len_k.begin(), len_k.end()) + pad;
+  }
+  int batch() const { return int(len_q.size()); }
+
+  // cu_seqlens and seqused to the device.
+  cudaError_t upload() const {
+    size_t const n = len_q.size();
+    for (auto [dst, src, count] : {std::tuple{d_cu_q.ptr, cu_q.data(), n + 1}, std::tuple{d_cu_k.ptr, cu_k.data(), n + 1},
+                                   std::tuple{d_used_q.ptr, len_q.data(), n}, std::tuple{d_used_k.ptr, len_k.data(), n}}) {
+      if (cudaError_t const err = cudaMemcpy(dst, src, count * 4, cudaMemcpyHostToDevice); err != cudaSuccess) {
+        return err;
+      }
+    }
+    return cudaSuccess;
+  }
+
+  Varlen varlen() const {
+    return {d_cu_q.ptr, d_cu_k.ptr, seqused ? d_used_q.ptr : nullptr, seqused ? d_used_k.ptr : nullptr, total_q,
+            total_k};
+  }
+
+  // ForwardArgs over packed [rows, heads, head dim] buffers (V and O at V's
+  // head dim, head_dim_v; 0: head_dim's).
+  ForwardArgs forward_args(DType dtype, int heads_q, int heads_kv, int head_dim, int head_dim_v, void const* q,
+                           void const* k, void const* v, void* o, float* lse) const {
+    int64_t const d = head_dim, dv = head_dim_v != 0 ? head_dim_v : head_dim;
+    ForwardArgs a;
+    a.dtype = dtype;
+    a.batch = batch();
+    a.seqlen_q = max_q;
+    a.seqlen_k = max_k;
+    a.heads_q = heads_q;
+    a.heads_kv = heads_kv;
+    a.head_dim = head_dim;
+    a.head_dim_v = head_dim_v;
+    a.q = {q, 0, heads_q * d, d, 1};
+    a.k = {k, 0, heads_kv * d, d, 1};
+    a.v = {v, 0, heads_kv * dv, dv, 1};
+    a.o = {o, 0, heads_q * dv, dv, 1};
+    a.lse = lse;
+    a.varlen = varlen();
+    return a;
+  }
+};
+
 inline uint16_t to_bits(float x, DType dt) {
   return dt == DType::kBF16 ? reference::float_to_bf16(x) : reference::float_to_half(x);
 }
@@ -212,6 +282,50 @@ void expect_forward_close(std::vector<uint16_t> const& o, DType o_dtype, std::ve
       EXPECT_EQ(lse[i], ref_lse[i]) << "LSE[" << i << "]";
     } else {
       ASSERT_NEAR(lse[i], ref_lse[i], 1e-3 * std::max(1.f, std::fabs(ref_lse[i])) + lse_slack(i)) << "LSE[" << i << "]";
+    }
+  }
+}
+
+// The packed forward's results (host copies; O and the references row by
+// row, row_elems apiece; the LSE [heads_q, total_q]): the rows that take part
+// gathered in order for expect_forward_close, each other row (past seqused,
+// past the last sequence) checked to keep its poison, O 0xffff and the LSE
+// NaN. on_used_lse(b, i, r, h) is called for each gathered LSE entry: row i
+// of sequence b, packed row r, head h. Call it under ASSERT_NO_FATAL_FAILURE.
+struct PackedForwardRows {
+  std::vector<uint16_t> o;
+  std::vector<float> ref, low, lse, ref_lse;
+};
+template <class OnUsedLse>
+void gather_packed_rows(PackedBatch const& packed, int heads_q, size_t row_elems, std::vector<uint16_t> const& h_o,
+                        std::vector<float> const& h_ref, std::vector<float> const& h_low,
+                        std::vector<float> const& h_lse, std::vector<float> const& h_ref_lse, PackedForwardRows& out,
+                        OnUsedLse on_used_lse) {
+  int const batch = packed.batch(), pad = packed.seqused ? PackedBatch::kSequsedPad : 0;
+  for (int b = 0; b <= batch; ++b) {
+    int const first = packed.cu_q[b], rows = b < batch ? packed.len_q[b] + pad : packed.total_q - first;
+    for (int i = 0; i < rows; ++i) {
+      size_t const r = size_t(first + i);
+      bool const used = b < batch && i < packed.len_q[b];
+      for (size_t e = r * row_elems; e < (r + 1) * row_elems; ++e) {
+        if (used) {
+          out.o.push_back(h_o[e]);
+          out.ref.push_back(h_ref[e]);
+          out.low.push_back(h_low[e]);
+        } else {
+          ASSERT_EQ(h_o[e], 0xffff) << "O row " << r << " written, past its sequence's used rows";
+        }
+      }
+      for (int h = 0; h < heads_q; ++h) {
+        size_t const l = size_t(h) * packed.total_q + r;
+        if (used) {
+          out.lse.push_back(h_lse[l]);
+          out.ref_lse.push_back(h_ref_lse[l]);
+          on_used_lse(b, i, r, h);
+        } else {
+          ASSERT_TRUE(std::isnan(h_lse[l])) << "LSE row " << r << " written, past its sequence's used rows";
+        }
+      }
     }
   }
 }

@@ -673,20 +673,18 @@ struct VarlenCase {
 };
 
 void run_varlen(VarlenCase const& c, uint32_t seed) {
-  int const batch = int(c.len_q.size()), d = c.head_dim, pad = c.seqused ? 5 : 0;
-  int const dim_v = c.head_dim_v != 0 ? c.head_dim_v : d;  // V's, O's, dO's and dV's
   int const tail = 3;  // packed rows past the last sequence
+  flash3::testing::PackedBatch const packed(c.len_q, c.len_k, c.seqused, tail);
+  int const batch = packed.batch(), d = c.head_dim;
+  int const dim_v = c.head_dim_v != 0 ? c.head_dim_v : d;  // V's, O's, dO's and dV's
   SCOPED_TRACE(std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(d) +
                (dim_v != d ? " dv" + std::to_string(dim_v) : "") + (c.causal ? " causal" : "") + " batch " + std::to_string(batch) + " h" + std::to_string(c.heads_q) +
                "/" + std::to_string(c.heads_kv) + (c.seqused ? " seqused" : "") +
                (c.window_left >= 0 || c.window_right >= 0 ? " window" : "") + (c.softcap > 0 ? " softcap" : "") +
                (c.sinks ? " sinks" : "") + (c.deterministic ? " deterministic" : ""));
-  std::vector<int32_t> cu_q{0}, cu_k{0};
-  for (int b = 0; b < batch; ++b) {
-    cu_q.push_back(cu_q.back() + c.len_q[b] + pad);
-    cu_k.push_back(cu_k.back() + c.len_k[b] + pad);
-  }
-  int const total_q = cu_q.back() + tail, total_k = cu_k.back() + tail, hq = c.heads_q, hkv = c.heads_kv;
+  std::vector<int32_t> const& cu_q = packed.cu_q;
+  std::vector<int32_t> const& cu_k = packed.cu_k;
+  int const total_q = packed.total_q, total_k = packed.total_k, hq = c.heads_q, hkv = c.heads_kv;
   size_t const q_elems = size_t(total_q) * hq * d, kv_elems = size_t(total_k) * hkv * d;
   size_t const o_elems = size_t(total_q) * hq * dim_v, v_elems = size_t(total_k) * hkv * dim_v;
   std::mt19937 rng(seed);
@@ -701,7 +699,6 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   DeviceBuffer<uint16_t> q(q_elems), k(kv_elems), v(v_elems), o(o_elems), dout(o_elems), dq(q_elems), dk(kv_elems),
       dv(v_elems);
   DeviceBuffer<float> lse(size_t(hq) * total_q), sinks(hq), dsinks(hq);
-  DeviceBuffer<int32_t> d_cu_q(batch + 1), d_cu_k(batch + 1), d_used_q(batch), d_used_k(batch);
   for (auto [dst, host] : {std::pair{q.ptr, &h_q}, std::pair{k.ptr, &h_k}, std::pair{v.ptr, &h_v},
                            std::pair{dout.ptr, &h_do}}) {
     CUDA_OK(cudaMemcpy(dst, host->data(), host->size() * 2, cudaMemcpyHostToDevice));
@@ -709,37 +706,17 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   std::vector<float> h_sinks(hq);
   for (float& x : h_sinks) x = 2.f * normal(rng);
   CUDA_OK(cudaMemcpy(sinks.ptr, h_sinks.data(), hq * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d_cu_q.ptr, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d_cu_k.ptr, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d_used_q.ptr, c.len_q.data(), batch * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d_used_k.ptr, c.len_k.data(), batch * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(packed.upload());
   CUDA_OK(cudaMemset(o.ptr, 0xff, o_elems * 2));  // rows the forward does not write stay NaN
   CUDA_OK(cudaMemset(lse.ptr, 0xff, size_t(hq) * total_q * 4));
 
-  flash3::Varlen const varlen{d_cu_q.ptr, d_cu_k.ptr, c.seqused ? d_used_q.ptr : nullptr,
-                              c.seqused ? d_used_k.ptr : nullptr, total_q, total_k};
-  int64_t const max_q = *std::max_element(c.len_q.begin(), c.len_q.end()) + pad;
-  int64_t const max_k = *std::max_element(c.len_k.begin(), c.len_k.end()) + pad;
-  flash3::ForwardArgs f;
-  f.dtype = c.dtype;
-  f.batch = batch;
-  f.seqlen_q = max_q;
-  f.seqlen_k = max_k;
-  f.heads_q = hq;
-  f.heads_kv = hkv;
-  f.head_dim = d;
-  f.head_dim_v = c.head_dim_v;
+  flash3::ForwardArgs f =
+      packed.forward_args(c.dtype, hq, hkv, d, c.head_dim_v, q.ptr, k.ptr, v.ptr, o.ptr, lse.ptr);
   f.causal = c.causal;
   f.window_left = c.window_left;
   f.window_right = c.window_right;
   f.softcap = c.softcap;
-  f.q = {q.ptr, 0, int64_t(hq) * d, d, 1};
-  f.k = {k.ptr, 0, int64_t(hkv) * d, d, 1};
-  f.v = {v.ptr, 0, int64_t(hkv) * dim_v, dim_v, 1};
-  f.o = {o.ptr, 0, int64_t(hq) * dim_v, dim_v, 1};
-  f.lse = lse.ptr;
   f.sinks = c.sinks ? sinks.ptr : nullptr;
-  f.varlen = varlen;
   flash3::Status s = flash3::forward(f, nullptr);
   if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
   ASSERT_TRUE(s.ok()) << s.message();
@@ -768,8 +745,8 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   flash3::BackwardArgs a;
   a.dtype = c.dtype;
   a.batch = batch;
-  a.seqlen_q = max_q;
-  a.seqlen_k = max_k;
+  a.seqlen_q = f.seqlen_q;
+  a.seqlen_k = f.seqlen_k;
   a.heads_q = hq;
   a.heads_kv = hkv;
   a.head_dim = d;
@@ -790,7 +767,7 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   a.sinks = c.sinks ? sinks.ptr : nullptr;
   a.dsinks = c.sinks ? dsinks.ptr : nullptr;
   a.deterministic = c.deterministic;
-  a.varlen = varlen;
+  a.varlen = f.varlen;
   struct Run {
     std::vector<uint16_t> dq, dk, dv;
     std::vector<float> dsinks;

@@ -343,7 +343,8 @@ struct VarlenFp8Case {
 };
 
 void run_varlen_fp8(VarlenFp8Case const& c, uint32_t seed) {
-  int const batch = int(c.len_q.size()), pad = c.seqused ? 5 : 0, tail = 3;
+  flash3::testing::PackedBatch const packed(c.len_q, c.len_k, c.seqused, /*tail=*/3);
+  int const batch = packed.batch();
   int64_t const d = c.head_dim, hq = c.heads_q, hkv = c.heads_kv;
   bool const causal = c.mask == 1;
   int const window_left = c.mask == 2 ? 90 : -1, window_right = c.mask == 2 ? 30 : -1;
@@ -353,12 +354,9 @@ void run_varlen_fp8(VarlenFp8Case const& c, uint32_t seed) {
                std::to_string(hkv) + (c.seqused ? " seqused" : ""));
   flash3::Fp8BlockSizes const blocks = flash3::fp8_block_sizes(d);
   ASSERT_GT(blocks.q, 0);
-  std::vector<int32_t> cu_q{0}, cu_k{0};
-  for (int b = 0; b < batch; ++b) {
-    cu_q.push_back(cu_q.back() + c.len_q[b] + pad);
-    cu_k.push_back(cu_k.back() + c.len_k[b] + pad);
-  }
-  int64_t const total_q = cu_q.back() + tail, total_k = cu_k.back() + tail;
+  std::vector<int32_t> const& cu_q = packed.cu_q;
+  std::vector<int32_t> const& cu_k = packed.cu_k;
+  int64_t const total_q = packed.total_q, total_k = packed.total_k;
   std::mt19937 rng(seed);
   PackedQuantized const q8 =
       quantize_packed(random_tensor(rng, 1, total_q, hq, d), g, cu_q, c.len_q, total_q, hq, d, blocks.q);
@@ -372,42 +370,26 @@ void run_varlen_fp8(VarlenFp8Case const& c, uint32_t seed) {
   DeviceBuffer<uint16_t> o(q_elems);
   DeviceBuffer<float> lse(lse_elems), ref_o(q_elems), low_o(q_elems), ref_lse(lse_elems);
   DeviceBuffer<float> q_scale(q8.scales.size()), k_scale(k8.scales.size()), v_scale(v8.scales.size());
-  DeviceBuffer<int32_t> d_cu_q(batch + 1), d_cu_k(batch + 1), d_used_q(batch), d_used_k(batch);
   ASSERT_TRUE(q.ptr && k.ptr && v.ptr && o.ptr && lse.ptr && ref_o.ptr && low_o.ptr && ref_lse.ptr && q_scale.ptr &&
-              k_scale.ptr && v_scale.ptr && d_cu_q.ptr && d_cu_k.ptr && d_used_q.ptr && d_used_k.ptr);
+              k_scale.ptr && v_scale.ptr && packed.d_cu_q.ptr && packed.d_cu_k.ptr && packed.d_used_q.ptr &&
+              packed.d_used_k.ptr);
   for (auto [dst, t] : {std::pair{q.ptr, &q8}, std::pair{k.ptr, &k8}, std::pair{v.ptr, &v8}}) {
     CUDA_OK(cudaMemcpy(dst, t->bytes.data(), t->bytes.size(), cudaMemcpyHostToDevice));
   }
   for (auto [dst, t] : {std::pair{q_scale.ptr, &q8}, std::pair{k_scale.ptr, &k8}, std::pair{v_scale.ptr, &v8}}) {
     CUDA_OK(cudaMemcpy(dst, t->scales.data(), t->scales.size() * 4, cudaMemcpyHostToDevice));
   }
-  CUDA_OK(cudaMemcpy(d_cu_q.ptr, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d_cu_k.ptr, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d_used_q.ptr, c.len_q.data(), batch * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d_used_k.ptr, c.len_k.data(), batch * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(packed.upload());
   // Poison: an element the kernel does not write reads back as NaN.
   CUDA_OK(cudaMemset(o.ptr, 0xff, q_elems * 2));
   CUDA_OK(cudaMemset(lse.ptr, 0xff, lse_elems * 4));
 
-  flash3::ForwardArgs a;
-  a.dtype = DType::kE4M3;
-  a.batch = batch;
-  a.seqlen_q = *std::max_element(c.len_q.begin(), c.len_q.end()) + pad;
-  a.seqlen_k = *std::max_element(c.len_k.begin(), c.len_k.end()) + pad;
-  a.heads_q = hq;
-  a.heads_kv = hkv;
-  a.head_dim = d;
+  flash3::ForwardArgs a =
+      packed.forward_args(DType::kE4M3, int(hq), int(hkv), int(d), 0, q.ptr, k.ptr, v.ptr, o.ptr, lse.ptr);
   a.causal = causal;
   a.window_left = window_left;
   a.window_right = window_right;
-  a.q = {q.ptr, 0, hq * d, d, 1};
-  a.k = {k.ptr, 0, hkv * d, d, 1};
-  a.v = {v.ptr, 0, hkv * d, d, 1};
-  a.o = {o.ptr, 0, hq * d, d, 1};
-  a.lse = lse.ptr;
   a.fp8 = {g, q_scale.ptr, k_scale.ptr, v_scale.ptr, DType::kBF16};
-  a.varlen = {d_cu_q.ptr, d_cu_k.ptr, c.seqused ? d_used_q.ptr : nullptr, c.seqused ? d_used_k.ptr : nullptr,
-              total_q, total_k};
   flash3::Status s = flash3::forward(a, nullptr);
   if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
   ASSERT_TRUE(s.ok()) << s.message();
@@ -471,37 +453,14 @@ void run_varlen_fp8(VarlenFp8Case const& c, uint32_t seed) {
 
   // The used rows, compared; the others (past seqused, past the last
   // sequence), still poisoned.
-  std::vector<uint16_t> used_o;
-  std::vector<float> used_ref, used_low, used_lse, used_ref_lse;
+  flash3::testing::PackedForwardRows used;
   std::vector<double> slack;
-  size_t const row_elems = size_t(hq * d);
-  for (int b = 0; b <= batch; ++b) {
-    int64_t const first = cu_q[b], rows = b < batch ? c.len_q[b] + pad : tail;
-    for (int64_t i = 0; i < rows; ++i) {
-      int64_t const r = first + i;
-      bool const used = b < batch && i < c.len_q[b];
-      for (size_t e = r * row_elems; e < (r + 1) * row_elems; ++e) {
-        if (used) {
-          used_o.push_back(h_o[e]);
-          used_ref.push_back(h_ref[e]);
-          used_low.push_back(h_low[e]);
-        } else {
-          ASSERT_EQ(h_o[e], 0xffff) << "O row " << r << " written, past its sequence's used rows";
-        }
-      }
-      for (int64_t h = 0; h < hq; ++h) {
-        size_t const l = size_t(h * total_q + r);
-        if (used) {
-          used_lse.push_back(h_lse[l]);
-          used_ref_lse.push_back(h_ref_lse[l]);
-          slack.push_back(accumulation * norm(q8, b, hq, r, i, h) * k_max[size_t(b * hkv + h / (hq / hkv))]);
-        } else {
-          ASSERT_TRUE(std::isnan(h_lse[l])) << "LSE row " << r << " written, past its sequence's used rows";
-        }
-      }
-    }
-  }
-  flash3::testing::expect_forward_close(used_o, DType::kBF16, used_ref, used_low, used_lse, used_ref_lse,
+  ASSERT_NO_FATAL_FAILURE(flash3::testing::gather_packed_rows(
+      packed, int(hq), size_t(hq * d), h_o, h_ref, h_low, h_lse, h_ref_lse, used,
+      [&](int b, int i, size_t r, int h) {
+        slack.push_back(accumulation * norm(q8, b, hq, r, i, h) * k_max[size_t(b * hkv + h / (hq / hkv))]);
+      }));
+  flash3::testing::expect_forward_close(used.o, DType::kBF16, used.ref, used.low, used.lse, used.ref_lse,
                                         [&](size_t i) { return slack[i]; });
 }
 

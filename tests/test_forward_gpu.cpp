@@ -487,8 +487,9 @@ TEST(Forward, Softcap) {
 
 // Packed sequences (varlen): each sequence's O and LSE against the GPU
 // reference run on it alone. Lengths of 0, 1, shorter than a tile, not a
-// multiple of one, several tiles; GQA; seqused below the packed lengths
-// (the rows past it must stay unwritten: poisoned).
+// multiple of one, several tiles; GQA; seqused below the packed lengths;
+// 3 rows past the last sequence (the rows past seqused and the last
+// sequence must stay unwritten: poisoned).
 struct VarlenCase {
   DType dtype;
   int head_dim;
@@ -502,18 +503,16 @@ struct VarlenCase {
 };
 
 void run_varlen(VarlenCase const& c, uint32_t seed) {
-  int const batch = int(c.len_q.size()), d = c.head_dim, pad = c.seqused ? 5 : 0;
+  flash3::testing::PackedBatch const packed(c.len_q, c.len_k, c.seqused, /*tail=*/3);
+  int const batch = packed.batch(), d = c.head_dim;
   int const dv = c.head_dim_v != 0 ? c.head_dim_v : d;
   SCOPED_TRACE(std::string(c.dtype == DType::kBF16 ? "bf16" : "fp16") + " d" + std::to_string(d) +
                (dv != d ? " dv" + std::to_string(dv) : "") + (c.causal ? " causal" : "") + " batch " +
                std::to_string(batch) + (c.seqused ? " seqused" : "") + (c.window_left >= 0 ? " window" : "") +
                (c.softcap > 0 ? " softcap" : ""));
-  std::vector<int32_t> cu_q{0}, cu_k{0};
-  for (int b = 0; b < batch; ++b) {
-    cu_q.push_back(cu_q.back() + c.len_q[b] + pad);
-    cu_k.push_back(cu_k.back() + c.len_k[b] + pad);
-  }
-  int const total_q = cu_q.back(), total_k = cu_k.back(), hq = c.heads_q, hkv = c.heads_kv;
+  std::vector<int32_t> const& cu_q = packed.cu_q;
+  std::vector<int32_t> const& cu_k = packed.cu_k;
+  int const total_q = packed.total_q, total_k = packed.total_k, hq = c.heads_q, hkv = c.heads_kv;
   size_t const q_elems = size_t(total_q) * hq * d, kv_elems = size_t(total_k) * hkv * d;
   size_t const v_elems = size_t(total_k) * hkv * dv, o_elems = size_t(total_q) * hq * dv;
   std::mt19937 rng(seed);
@@ -525,37 +524,19 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   };
   DeviceBuffer<uint16_t> q(q_elems), k(std::max<size_t>(kv_elems, 1)), v(std::max<size_t>(v_elems, 1)), o(o_elems);
   DeviceBuffer<float> lse(size_t(hq) * total_q), ref_o(o_elems), low_o(o_elems), ref_lse(size_t(hq) * total_q);
-  DeviceBuffer<int32_t> d_cu_q(batch + 1), d_cu_k(batch + 1), d_used_q(batch), d_used_k(batch);
   for (auto [dst, host] : {std::pair{q.ptr, random(q_elems)}, std::pair{k.ptr, random(kv_elems)},
                            std::pair{v.ptr, random(v_elems)}}) {
     CUDA_OK(cudaMemcpy(dst, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
   }
-  CUDA_OK(cudaMemcpy(d_cu_q.ptr, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d_cu_k.ptr, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d_used_q.ptr, c.len_q.data(), batch * 4, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d_used_k.ptr, c.len_k.data(), batch * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(packed.upload());
   CUDA_OK(cudaMemset(o.ptr, 0xff, o_elems * 2));  // poison: rows not written stay NaN
   CUDA_OK(cudaMemset(lse.ptr, 0xff, size_t(hq) * total_q * 4));
 
-  flash3::ForwardArgs a;
-  a.dtype = c.dtype;
-  a.batch = batch;
-  a.seqlen_q = *std::max_element(c.len_q.begin(), c.len_q.end()) + pad;
-  a.seqlen_k = *std::max_element(c.len_k.begin(), c.len_k.end()) + pad;
-  a.heads_q = hq;
-  a.heads_kv = hkv;
-  a.head_dim = d;
-  a.head_dim_v = c.head_dim_v;
+  flash3::ForwardArgs a =
+      packed.forward_args(c.dtype, hq, hkv, d, c.head_dim_v, q.ptr, k.ptr, v.ptr, o.ptr, lse.ptr);
   a.causal = c.causal;
   a.window_left = c.window_left;
   a.softcap = c.softcap;
-  a.q = {q.ptr, 0, int64_t(hq) * d, d, 1};
-  a.k = {k.ptr, 0, int64_t(hkv) * d, d, 1};
-  a.v = {v.ptr, 0, int64_t(hkv) * dv, dv, 1};
-  a.o = {o.ptr, 0, int64_t(hq) * dv, dv, 1};
-  a.lse = lse.ptr;
-  a.varlen = {d_cu_q.ptr, d_cu_k.ptr, c.seqused ? d_used_q.ptr : nullptr, c.seqused ? d_used_k.ptr : nullptr,
-              total_q, total_k};
   flash3::Status s = flash3::forward(a, nullptr);
   if (s.code() == flash3::Status::Code::kUnsupported) GTEST_SKIP() << s.message();
   ASSERT_TRUE(s.ok()) << s.message();
@@ -592,35 +573,12 @@ void run_varlen(VarlenCase const& c, uint32_t seed) {
   CUDA_OK(cudaMemcpy(h_low.data(), low_o.ptr, o_elems * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(h_ref_lse.data(), ref_lse.ptr, h_ref_lse.size() * 4, cudaMemcpyDeviceToHost));
 
-  // The used rows, compared; the rows past seqused, still poisoned.
-  std::vector<uint16_t> used_o;
-  std::vector<float> used_ref, used_low, used_lse, used_ref_lse;
-  size_t const row = size_t(hq) * dv;
-  for (int b = 0; b < batch; ++b) {
-    for (int i = 0; i < c.len_q[b] + pad; ++i) {
-      size_t const r = size_t(cu_q[b] + i);
-      bool const used = i < c.len_q[b];
-      for (size_t e = r * row; e < (r + 1) * row; ++e) {
-        if (used) {
-          used_o.push_back(h_o[e]);
-          used_ref.push_back(h_ref[e]);
-          used_low.push_back(h_low[e]);
-        } else {
-          ASSERT_EQ(h_o[e], 0xffff) << "O row " << r << " past seqused written";
-        }
-      }
-      for (int h = 0; h < hq; ++h) {
-        size_t const l = size_t(h) * total_q + r;
-        if (used) {
-          used_lse.push_back(h_lse[l]);
-          used_ref_lse.push_back(h_ref_lse[l]);
-        } else {
-          ASSERT_TRUE(std::isnan(h_lse[l])) << "LSE row " << r << " past seqused written";
-        }
-      }
-    }
-  }
-  flash3::testing::expect_forward_close(used_o, c.dtype, used_ref, used_low, used_lse, used_ref_lse,
+  // The used rows, compared; the others (past seqused, past the last
+  // sequence), still poisoned.
+  flash3::testing::PackedForwardRows used;
+  ASSERT_NO_FATAL_FAILURE(flash3::testing::gather_packed_rows(packed, hq, size_t(hq) * dv, h_o, h_ref, h_low, h_lse,
+                                                              h_ref_lse, used, [](int, int, size_t, int) {}));
+  flash3::testing::expect_forward_close(used.o, c.dtype, used.ref, used.low, used.lse, used.ref_lse,
                                         [](size_t) { return 0.0; });
 }
 

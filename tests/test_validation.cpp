@@ -13,6 +13,7 @@
 
 namespace {
 
+using flash3::testing::as_packed;
 using flash3::testing::valid_forward_args;
 using flash3::testing::with_head_dims;
 
@@ -280,28 +281,14 @@ TEST(Validation, Fp8BlocksAndScaleCounts) {
   EXPECT_EQ(flash3::fp8_scale_count(ScaleGranularity::kPerBlock, 3, 4, 0, 128), 0);
 }
 
-// FP8 over packed sequences (varlen): 3 sequences, the longest of 120 query
-// and 100 key rows, in 250 and 700 packed rows; the device arrays are never
-// read.
+// FP8 over packed sequences (varlen): as_packed's, the longest sequence of
+// 120 query and 100 key rows.
 ForwardArgs valid_packed_fp8_args(int64_t head_dim = 128) {
   ForwardArgs a = valid_fp8_args();
   a.head_dim = head_dim;
-  a.batch = 3;
   a.seqlen_q = 120;
   a.seqlen_k = 100;
-  a.varlen.cu_seqlens_q = reinterpret_cast<const int32_t*>(0xb0000);
-  a.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(0xb0100);
-  a.varlen.total_q = 250;
-  a.varlen.total_k = 700;
-  auto rows = [](auto& t, int64_t n, int64_t heads, int64_t d) {
-    t = flash3::contiguous(t.data, n, heads, d);
-    t.batch_stride = 0;  // unused: one batch entry
-  };
-  rows(a.q, a.varlen.total_q, a.heads_q, a.head_dim);
-  rows(a.o, a.varlen.total_q, a.heads_q, a.head_dim);
-  rows(a.k, a.varlen.total_k, a.heads_kv, a.head_dim);
-  rows(a.v, a.varlen.total_k, a.heads_kv, a.head_dim);
-  return a;
+  return as_packed(a);
 }
 
 TEST(Validation, VarlenFp8) {
@@ -744,30 +731,12 @@ TEST(BackwardValidation, WorkspaceSizeWithStatus) {
   EXPECT_EQ(s.message().rfind("bytes", 0), 0u) << s.message();
 }
 
-// Packed sequences (varlen): 3 sequences in 250 query and 700 key rows, the
-// tensors one batch entry of those rows; the device arrays are never read.
+// Packed sequences (varlen): as_packed's.
 flash3::BackwardArgs valid_packed_backward_args(int64_t head_dim = 128, int64_t head_dim_v = 0) {
   flash3::BackwardArgs a = valid_backward_args();
   a.head_dim = head_dim;
   a.head_dim_v = head_dim_v;
-  int64_t const dv = head_dim_v != 0 ? head_dim_v : head_dim;
-  a.batch = 3;
-  a.varlen.cu_seqlens_q = reinterpret_cast<const int32_t*>(0xb0000);
-  a.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(0xb0100);
-  a.varlen.total_q = 250;
-  a.varlen.total_k = 700;
-  auto rows = [](auto& t, int64_t n, int64_t heads, int64_t d) {
-    t = flash3::contiguous(t.data, n, heads, d);
-    t.batch_stride = 0;  // unused: one batch entry
-  };
-  rows(a.q, a.varlen.total_q, a.heads_q, a.head_dim);
-  for (auto* t : {&a.o, &a.dout}) rows(*t, a.varlen.total_q, a.heads_q, dv);
-  rows(a.k, a.varlen.total_k, a.heads_kv, a.head_dim);
-  rows(a.v, a.varlen.total_k, a.heads_kv, dv);
-  rows(a.dq, a.varlen.total_q, a.heads_q, a.head_dim);
-  rows(a.dk, a.varlen.total_k, a.heads_kv, a.head_dim);
-  rows(a.dv, a.varlen.total_k, a.heads_kv, dv);
-  return a;
+  return as_packed(a);
 }
 
 void expect_invalid_packed(std::function<void(flash3::BackwardArgs&)> const& edit, std::string const& names) {

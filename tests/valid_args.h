@@ -44,25 +44,48 @@ inline QuantizeArgs valid_quantize_args() {
   return a;
 }
 
-// `a` (ForwardArgs or BackwardArgs) with Q/K's head dim `d` and V's
-// `head_dim_v` (0: d's), each tensor laid out densely for its own head dim:
-// Q, K, dQ, dK for d; V, O, dO, dV for V's.
+// Each tensor of `a` (ForwardArgs or BackwardArgs) laid out densely for its
+// own head dim, rows_q or rows_k rows: Q, K, dQ, dK for Q's head dim; V, O,
+// dO, dV for V's. packed: one batch entry of those rows (batch_stride unused).
+template <class Args>
+void lay_out_tensors(Args& a, int64_t rows_q, int64_t rows_k, bool packed) {
+  int64_t const d = a.head_dim, dv = a.head_dim_v != 0 ? a.head_dim_v : a.head_dim;
+  auto lay_out = [packed](auto& t, int64_t rows, int64_t heads, int64_t dim) {
+    t = contiguous(t.data, rows, heads, dim);
+    if (packed) t.batch_stride = 0;
+  };
+  lay_out(a.q, rows_q, a.heads_q, d);
+  lay_out(a.k, rows_k, a.heads_kv, d);
+  lay_out(a.v, rows_k, a.heads_kv, dv);
+  lay_out(a.o, rows_q, a.heads_q, dv);
+  if constexpr (std::is_same_v<Args, BackwardArgs>) {
+    lay_out(a.dout, rows_q, a.heads_q, dv);
+    lay_out(a.dq, rows_q, a.heads_q, d);
+    lay_out(a.dk, rows_k, a.heads_kv, d);
+    lay_out(a.dv, rows_k, a.heads_kv, dv);
+  }
+}
+
+// `a` with Q/K's head dim `d` and V's `head_dim_v` (0: d's).
 template <class Args>
 Args with_head_dims(Args a, int64_t d, int64_t head_dim_v) {
-  int64_t const dv = head_dim_v != 0 ? head_dim_v : d;
   a.head_dim = d;
   a.head_dim_v = head_dim_v;
-  auto lay_out = [](auto& t, int64_t seqlen, int64_t heads, int64_t dim) { t = contiguous(t.data, seqlen, heads, dim); };
-  lay_out(a.q, a.seqlen_q, a.heads_q, d);
-  lay_out(a.k, a.seqlen_k, a.heads_kv, d);
-  lay_out(a.v, a.seqlen_k, a.heads_kv, dv);
-  lay_out(a.o, a.seqlen_q, a.heads_q, dv);
-  if constexpr (std::is_same_v<Args, BackwardArgs>) {
-    lay_out(a.dout, a.seqlen_q, a.heads_q, dv);
-    lay_out(a.dq, a.seqlen_q, a.heads_q, d);
-    lay_out(a.dk, a.seqlen_k, a.heads_kv, d);
-    lay_out(a.dv, a.seqlen_k, a.heads_kv, dv);
-  }
+  lay_out_tensors(a, a.seqlen_q, a.seqlen_k, false);
+  return a;
+}
+
+// `a` over packed sequences (varlen): 3 sequences in 250 query and 700 key
+// rows, each tensor one batch entry of those rows; the device arrays are
+// never read.
+template <class Args>
+Args as_packed(Args a) {
+  a.batch = 3;
+  a.varlen.cu_seqlens_q = reinterpret_cast<const int32_t*>(0xb0000);
+  a.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(0xb0100);
+  a.varlen.total_q = 250;
+  a.varlen.total_k = 700;
+  lay_out_tensors(a, a.varlen.total_q, a.varlen.total_k, true);
   return a;
 }
 
