@@ -7,7 +7,7 @@
 # carried in .device/ (scripts/stage_device.sh), or built here by the stage
 # `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
 #   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize sanitize_varlen bench bwd
-#                                       fp8 ablation compare sustained match ab features varlen
+#                                       pair fp8 ablation compare sustained match ab features varlen
 #                                       (default: test python sanitize bench bwd fp8 ablation compare)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter); BUILD_DTYPES and
 # BUILD_HEAD_DIMS narrow the stage build (CMake's FLASH3_DTYPES,
@@ -161,7 +161,7 @@ fi
 # The clocks while the timed stages run (scripts/clock_summary.py): the lent
 # cards run power-capped on long shapes, which moves their TFLOP/s.
 sampler=
-if has bench || has bwd || has fp8 || has ablation || has compare || has sustained || has ab || has match; then
+if has bench || has bwd || has pair || has fp8 || has ablation || has compare || has sustained || has ab || has match; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv,noheader -lms 200 >"$OUT/clocks.csv" 2>/dev/null &
   sampler=$!
@@ -179,6 +179,16 @@ if has bwd; then
   timeout 200 $B/flash3-bench --pass bwd --hdim 128,256 --seqlen 2048,8192 --deterministic \
     --json "$OUT/bench_bwd_det.json" >"$OUT/bench_bwd_det.txt" 2>&1
   summary+=("bench bwd deterministic rc=$?")
+fi
+
+if has pair; then
+  # V's head dim of its own (192/128) beside the symmetric 192, both passes
+  # and masks, in the sweep's regime (issue 34: within 5% of 192's TFLOP/s).
+  timeout 200 $B/flash3-bench --hdim 192,192/128 --json "$OUT/bench_pair.json" >"$OUT/bench_pair.txt" 2>&1
+  summary+=("bench pair rc=$?")
+  timeout 300 $B/flash3-bench --pass bwd --hdim 192,192/128 --json "$OUT/bench_pair_bwd.json" \
+    >"$OUT/bench_pair_bwd.txt" 2>&1
+  summary+=("bench pair bwd rc=$?")
 fi
 
 if has fp8; then

@@ -48,7 +48,8 @@ import tarfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT / "docs" / "perf-data"
-BENCH_FILES = ("bench.json", "bench_bwd.json", "bench_fp8.json")
+# bench_pair*.json: the stage pair's 192 and 192/128 rows, in the same tables as the sweep's.
+BENCH_FILES = ("bench.json", "bench_bwd.json", "bench_pair.json", "bench_pair_bwd.json", "bench_fp8.json")
 VARLEN_FILES = ("varlen.json", "varlen_fp8.json")
 PEERS_GLOB = "peers*.json"
 SEPARATE_PEERS = "compare.json"

@@ -139,6 +139,12 @@ def write_run(folder, fp8=True, peers=True):
     bwd[0] = dict(bwd[0], ok=False)  # hdim 64 no mask 1k fails its check: FAIL
     (folder / "bench.json").write_text(flash3_json(fwd))
     (folder / "bench_bwd.json").write_text(flash3_json(bwd))
+    # The stage pair: 192 and 192/128, the forward non-causal.
+    pair = [entry("fwd", "bf16", 192, False, seqlen, 700.0 + SEQLENS.index(seqlen)) for seqlen in SEQLENS]
+    pair += [dict(entry("fwd", "bf16", 192, False, seqlen, 650.0 + SEQLENS.index(seqlen)), hdim_v=128)
+             for seqlen in SEQLENS]
+    (folder / "bench_pair.json").write_text(flash3_json(pair))
+    (folder / "bench_pair_bwd.json").write_text(flash3_json([dict(e, **{"pass": "bwd"}) for e in pair]))
     if fp8:
         (folder / "bench_fp8.json").write_text(flash3_json(bench_sweep("fwd", "e4m3", offset=300.0)))
     det = [entry("bwd", "bf16", 128, False, 4096, fwd_tflops(128, False, 4096) - 100.0 - 56.0,
@@ -219,7 +225,7 @@ def test_import_keeps_the_inputs_only_and_summarises_the_clocks(generated):
     assert sorted(p.name for p in data.iterdir()) == sorted(
         ["gpu.txt", "bench.json", "bench_bwd.json", "bench_fp8.json", "bench_bwd_det.json", "ablation.json",
          "peers_fwd.json", "peers_bwd.json", "peers_sustained_fwd.json", "fp8_accuracy.txt", "clocks.txt",
-         "varlen.json", "varlen_fp8.json"])
+         "varlen.json", "varlen_fp8.json", "bench_pair.json", "bench_pair_bwd.json"])
     assert (data / "clocks.txt").read_text().startswith("clocks under load (2 samples): SM 1755-1980 MHz")
 
 
@@ -343,20 +349,13 @@ def test_varlen(generated):
             "| 0.950 | n/a | n/a |") in packed
 
 
-def test_value_head_dim_of_its_own_is_a_row_of_its_own(tmp_path):
-    # flash3-bench --hdim 192,192/128: two rows, each with its own numbers and checks, 192/128 after 192.
-    run = write_run(tmp_path / "out", peers=False)
-    fwd = json.loads((run / "bench.json").read_text())
-    for seqlen in SEQLENS:
-        fwd.append(entry("fwd", "bf16", 192, False, seqlen, 700.0 + SEQLENS.index(seqlen)))
-        fwd.append(dict(entry("fwd", "bf16", 192, False, seqlen, 650.0 + SEQLENS.index(seqlen)), hdim_v=128))
-    (run / "bench.json").write_text(flash3_json(fwd))
-    done, _, docs, _ = generate(tmp_path, make_logs_tgz(run, tmp_path / "logs.tgz"))
-    assert done.returncode == 0, done.stderr
-    md = (docs / "performance.md").read_text()
-    rows = [line for line in section(section(md, "## flash3-bench, the C++ benchmark"), "### Forward, bf16")
-            .splitlines() if line.startswith("| 1") and "**flash3**" in line]
-    assert rows[-2:] == ["| 192 | no | **flash3** | 700.0 | 701.0 |", "| 192/128 | no | **flash3** | 650.0 | 651.0 |"]
+def test_value_head_dim_of_its_own_is_a_row_of_its_own(generated):
+    # The stage pair's rows: 192 and 192/128 apart, each with its own numbers and checks, 192/128 after 192.
+    md = generated[3]
+    for title in ("### Forward, bf16", "### Backward, bf16"):
+        rows = [line for line in section(section(md, "## flash3-bench, the C++ benchmark"), title).splitlines()
+                if line.startswith("| 192")]
+        assert rows == ["| 192 | no | **flash3** | 700.0 | 701.0 |", "| 192/128 | no | **flash3** | 650.0 | 651.0 |"]
     assert "| fwd | bf16 | 192/128 | no | 2 of 2 |" in section(md, "## Accuracy")
 
 
