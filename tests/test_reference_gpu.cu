@@ -33,6 +33,29 @@ using flash3::reference::attention_gpu;
 // The spacing of the format at 1.0.
 double ulp_at_one(DType dt) { return dt == DType::kBF16 ? 0x1p-7 : 0x1p-10; }
 
+// n inputs uniform in [-1, 1) as dtype's bits, and the values those bits hold.
+struct RandomInputs {
+  std::vector<uint16_t> bits;
+  std::vector<double> vals;
+};
+RandomInputs random_inputs(size_t n, DType dtype, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  RandomInputs r{std::vector<uint16_t>(n), std::vector<double>(n)};
+  for (size_t i = 0; i < n; ++i) {
+    r.bits[i] = to_bits(dist(rng), dtype);
+    r.vals[i] = from_bits(r.bits[i], dtype);
+  }
+  return r;
+}
+
+// A sink per query head, uniform in [-2, 2), as float and double.
+void random_sinks(int64_t heads, std::mt19937& rng, std::vector<float>& sinks, std::vector<double>& sinks64) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  sinks.resize(heads);
+  sinks64.resize(heads);
+  for (int64_t h = 0; h < heads; ++h) sinks64[h] = sinks[h] = 2.0f * dist(rng);
+}
+
 enum class Layout {
   kDense,   // each tensor contiguous
   kPadded,  // gaps between heads, rows and batches (filled with NaN)
@@ -221,13 +244,7 @@ TEST(ReferenceGpuBackward, MatchesCpu) {
     const int64_t d = s.head_dim;
     const int64_t nq = s.batch * s.seqlen_q * s.heads_q * d, nk = s.batch * s.seqlen_k * s.heads_kv * d;
     std::mt19937 rng(99);
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    std::vector<uint16_t> bits(2 * nq + 2 * nk);
-    std::vector<double> vals(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i) {
-      bits[i] = to_bits(dist(rng), dtype);
-      vals[i] = from_bits(bits[i], dtype);
-    }
+    auto const [bits, vals] = random_inputs(2 * nq + 2 * nk, dtype, rng);
     // Layout in one buffer: Q, K, V, dO, each dense.
     DeviceBuffer<uint16_t> in(bits.size());
     DeviceBuffer<float> out32(nq + 2 * nk), out_low(nq + 2 * nk);
@@ -293,16 +310,10 @@ TEST(ReferenceGpu, SinksAndSoftcapMatchCpu) {
     const int64_t nq = s.batch * s.seqlen_q * s.heads_q * d, nk = s.batch * s.seqlen_k * s.heads_kv * d;
     const int64_t n_lse = s.batch * s.heads_q * s.seqlen_q;
     std::mt19937 rng(11);
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    std::vector<uint16_t> bits(2 * nq + 2 * nk);  // Q, K, V, dO
-    std::vector<double> vals(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i) {
-      bits[i] = to_bits(dist(rng), dtype);
-      vals[i] = from_bits(bits[i], dtype);
-    }
-    std::vector<float> sinks(s.heads_q);
-    std::vector<double> sinks64(s.heads_q);
-    for (int64_t h = 0; h < s.heads_q; ++h) sinks64[h] = sinks[h] = 2.0f * dist(rng);
+    auto const [bits, vals] = random_inputs(2 * nq + 2 * nk, dtype, rng);  // Q, K, V, dO
+    std::vector<float> sinks;
+    std::vector<double> sinks64;
+    random_sinks(s.heads_q, rng, sinks, sinks64);
     DeviceBuffer<uint16_t> in(bits.size());
     DeviceBuffer<float> d_sinks(s.heads_q), d_dsinks(s.heads_q), o(nq), lse(n_lse), grads(nq + 2 * nk);
     CUDA_OK(cudaMemcpy(in.ptr, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
@@ -377,16 +388,10 @@ TEST(ReferenceGpu, ValueHeadDimOfItsOwnMatchesCpu) {
     const int64_t nv = s.batch * s.seqlen_k * s.heads_kv * dv, no = s.batch * s.seqlen_q * s.heads_q * dv;
     const int64_t n_lse = s.batch * s.heads_q * s.seqlen_q, n_grads = nq + nk + nv;
     std::mt19937 rng(13);
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    std::vector<uint16_t> bits(nq + nk + nv + no);  // Q, K, V, dO
-    std::vector<double> vals(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i) {
-      bits[i] = to_bits(dist(rng), dtype);
-      vals[i] = from_bits(bits[i], dtype);
-    }
-    std::vector<float> sinks(s.heads_q);
-    std::vector<double> sinks64(s.heads_q);
-    for (int64_t h = 0; h < s.heads_q; ++h) sinks64[h] = sinks[h] = 2.0f * dist(rng);
+    auto const [bits, vals] = random_inputs(nq + nk + nv + no, dtype, rng);  // Q, K, V, dO
+    std::vector<float> sinks;
+    std::vector<double> sinks64;
+    random_sinks(s.heads_q, rng, sinks, sinks64);
     DeviceBuffer<uint16_t> in(bits.size());
     DeviceBuffer<float> d_sinks(s.heads_q), o(no), lse(n_lse), grads(n_grads);
     CUDA_OK(cudaMemcpy(in.ptr, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
