@@ -1,7 +1,8 @@
 """flash3 beside its peers, every method timed the same way in one process.
 
   python -m flash3.benchmark                       the paper's sweep, fwd, bwd and fwd+bwd, idle gap before every sample
-  python -m flash3.benchmark --sustained           the same under continuous load (at least 2 s per shape)
+  python -m flash3.benchmark --sustained           the same under continuous load (at least 2 s per shape),
+                                                   with each method's joules per call (the card's energy counter)
   python -m flash3.benchmark --overhead            host time per call, flash3 against SDPA (tiny shape)
   python -m flash3.benchmark --varlen              packed sequences (flash_attn_varlen_func) beside the fixed-length kernel
   python -m flash3.benchmark --hdim 192,192/128    V's head dim of its own (DeepSeek-V3's) beside the symmetric 192
@@ -16,7 +17,11 @@ every shape before it is timed. A peer without a kernel for a shape is n/a.
 The H100s run power-capped (700 W): after idle gaps they read several percent
 faster than under continuous load, so the regime is part of every result, in
 the JSON, the CSV, the table and the plot; runs of two regimes are never
-merged. The C++ flash3-bench remains the main benchmark.
+merged. Under continuous load the cap makes speed a matter of energy: the
+sustained regime also reads NVML's energy counter over a second of back-to-back
+calls after the load, and the table gives each method's millijoules per call
+and flash3's energy over each peer's. The C++ flash3-bench remains the main
+benchmark.
 
 Exit status: 0 ok, 1 a check failed (or flash3's host overhead exceeds
 SDPA's), 2 no GPU or no torch.

@@ -158,6 +158,63 @@ def test_table_has_tflops_and_speedups():
     assert lines[3] == "| fwd | bf16 | 128 | no | 32 | 512 | 16 | FAIL | 250.0 | n/a | n/a | n/a |"
 
 
+def test_table_with_energy_adds_millijoules_and_flash3s_share():
+    # The sustained regime's records carry joules per call: a column per method, and flash3's over each peer's.
+    a = shape()
+    results = [sweep.ok_result(a, "flash3", [ms_at(500, a)], None, {"joules": 0.012}),
+               sweep.ok_result(a, "sdpa_cudnn", [ms_at(450, a)], None, {"joules": 0.015}),
+               sweep.na_result(a, "sdpa_flash", "No available kernel")]
+    lines = sweep.format_table(results).splitlines()
+    assert lines[0].endswith("| flash3 mJ/call | SDPA FlashAttention-2 mJ/call | SDPA cuDNN mJ/call "
+                             "| flash3 J / SDPA FlashAttention-2 J | flash3 J / SDPA cuDNN J |")
+    assert lines[2].endswith("| 500.0 | n/a | 450.0 | n/a | 1.11 | 12.00 |  | 15.00 | n/a | 0.80 |")
+    assert "mJ/call" not in sweep.format_table(sample_results())
+
+
+class FakeEvent:
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class FakeTorch:
+    """What Timer's load and energy window use of torch, on no GPU."""
+    uint8 = "uint8"
+
+    def __init__(self):
+        self.cuda = types.SimpleNamespace(Event=FakeEvent, synchronize=lambda: None)
+
+    @staticmethod
+    def empty(n, dtype, device):
+        return types.SimpleNamespace(zero_=lambda: None)
+
+
+class FakeCounter:
+    """An energy counter that grows 7 mJ a call, or none."""
+    def __init__(self, present=True):
+        self.present, self.mj = present, 1000
+
+    def energy_mj(self):
+        return self.mj if self.present else None
+
+
+def test_energy_window_gives_joules_per_call(monkeypatch):
+    timing = load("timing")
+    monkeypatch.setattr(timing, "ENERGY_S", 0.05)
+    counter = FakeCounter()
+    timer = timing.Timer(FakeTorch(), SUSTAINED, 3, counter)
+
+    def call():
+        counter.mj += 7
+    energy = timer._energy(call)
+    assert energy["joules"] == pytest.approx(0.007)
+    assert "energy counter" in timer.description()
+    assert timing.Timer(FakeTorch(), SUSTAINED, 3, FakeCounter(present=False))._energy(call) == {}
+    assert "energy" not in timing.Timer(FakeTorch(), GAP, 3, counter).description()
+
+
 def test_table_without_flash3_has_no_speedups():
     results = [r for r in sample_results() if r["method"] != "flash3"]
     assert "flash3 /" not in sweep.format_table(results)

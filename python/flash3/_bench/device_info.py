@@ -65,6 +65,16 @@ class Telemetry:
             return self._smi_query({k: SMI_FIELDS[k] for k in ("sm_mhz", "power_w")})
         return {}
 
+    def energy_mj(self):
+        """The GPU's energy counter in millijoules (NVML's total since the driver loaded), or None where
+        NVML is not there or the GPU has no counter: differences of two readings give joules used."""
+        if not self.nvml:
+            return None
+        try:
+            return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+        except self.nvml.NVMLError:
+            return None
+
     def _nvml_snapshot(self):
         nv, h = self.nvml, self.handle
         # nvidia-ml-py renamed the throttle reasons "clocks event reasons"; older releases have only the old name.

@@ -22,9 +22,9 @@ METHODS = {
     "fa2": "flash_attn (FA2)",
 }
 CSV_FIELDS = SHAPE_KEYS + OPTIONAL_SHAPE_KEYS + ("method", "status", "ms", "tflops", "max_err", "ref_err", "sm_mhz",
-                                                "power_w", "regime", "note")
+                                                "power_w", "joules", "regime", "note")
 CSV_TYPES = {"hdim": int, "hdim_v": int, "batch": int, "seqlen": int, "heads": int, "ms": float, "tflops": float,
-             "max_err": float, "ref_err": float, "sm_mhz": float, "power_w": float}
+             "max_err": float, "ref_err": float, "sm_mhz": float, "power_w": float, "joules": float}
 
 
 # ---- the sweep ------------------------------------------------------------------------
@@ -146,18 +146,27 @@ def by_shape(results):
     return table
 
 
-def ratio(a, b):
-    if a and b and a["status"] == "ok" and b["status"] == "ok":
-        return f"{a['tflops'] / b['tflops']:.2f}"
+def ratio(a, b, key="tflops"):
+    if a and b and a["status"] == "ok" and b["status"] == "ok" and a.get(key) and b.get(key):
+        return f"{a[key] / b[key]:.2f}"
     return "n/a"
 
 
+def energy_cell(record):
+    """Millijoules per call (the sustained regime's), or blank."""
+    return f"{record['joules'] * 1e3:.2f}" if record and record.get("joules") is not None else ""
+
+
 def format_table(results):
-    """A markdown table: TFLOP/s per method, then flash3's speedup over each peer."""
+    """A markdown table: TFLOP/s per method, then flash3's speedup over each peer; where the records
+    have energy (the sustained regime), each method's mJ per call and flash3's energy over each peer's."""
     methods = methods_in(results)
     peers = [m for m in methods if m != "flash3"] if "flash3" in methods else []
+    energy = any(r.get("joules") is not None for r in results)
     header = (["pass", "dtype", "hdim", "causal", "batch", "seqlen", "heads"] + [METHODS[m] for m in methods]
               + [f"flash3 / {METHODS[m]}" for m in peers])
+    if energy:
+        header += [f"{METHODS[m]} mJ/call" for m in methods] + [f"flash3 J / {METHODS[m]} J" for m in peers]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key, row in by_shape(results).items():
         shape = {k: v for k, v in zip(SHAPE_KEYS + OPTIONAL_SHAPE_KEYS, key) if v is not None}
@@ -165,6 +174,9 @@ def format_table(results):
                  shape["seqlen"], shape["heads"]]
         cells += [cell(row.get(m)) for m in methods]
         cells += [ratio(row.get("flash3"), row.get(m)) for m in peers]
+        if energy:
+            cells += [energy_cell(row.get(m)) for m in methods]
+            cells += [ratio(row.get("flash3"), row.get(m), "joules") for m in peers]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
