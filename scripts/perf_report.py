@@ -240,7 +240,8 @@ def bench_rows(entries):
 def outcome(record):
     """A benchmark record's outcome, as the rows hold it."""
     if record["status"] == "ok":
-        return {"tflops": record["tflops"]}
+        # joules: per call, the sustained regime's (the card's energy counter).
+        return {"tflops": record["tflops"], **({"joules": record["joules"]} if "joules" in record else {})}
     return {record["status"]: record.get("note") or record["status"]}
 
 
@@ -350,6 +351,12 @@ def cell(result):
 def ratio(row, peer):
     a, b = tflops(row.get("flash3")), tflops(row.get(peer))
     return a / b if a and b else None
+
+
+def energy_ratio(row, peer):
+    """flash3's joules per call over the peer's, where both have them."""
+    a, b = (row.get(key) or {} for key in ("flash3", peer))
+    return a["joules"] / b["joules"] if a.get("joules") and b.get("joules") else None
 
 
 def seqlen_label(n):
@@ -464,6 +471,8 @@ def sweep_table(rows, methods):
         lines = [(name, lambda r, key=key: cell(r.get(key))) for key, name in shown]
         if any(key == CUDNN for key, _ in shown):
             lines.append(("flash3/cuDNN", lambda r: fmt(ratio(r, CUDNN), ".2f")))
+            if any(energy_ratio(r, CUDNN) for r in groups[group].values()):
+                lines.append(("flash3 J / cuDNN J", lambda r: fmt(energy_ratio(r, CUDNN), ".2f")))
         for i, (name, show) in enumerate(lines):
             cells = [show(groups[group][c]) if c in groups[group] else NOT_MEASURED for c in columns]
             body.append((label if i == 0 else [""] * len(label)) + [name if i else f"**{name}**"] + cells)

@@ -311,6 +311,20 @@ def test_sustained_section_stands_alone(generated):
     assert "508.0" not in section(md, f"## {GAP_TITLE}")
 
 
+def test_sustained_energy_line(tmp_path):
+    # The sustained regime's records carry joules per call: a line of flash3's energy over cuDNN's.
+    run = write_run(tmp_path / "out", peers=False)
+    records = peer_records("fwd", -20.0)
+    for r in records:
+        if r["status"] == "ok":
+            r["joules"] = {"flash3": 0.008, "sdpa_cudnn": 0.010, "sdpa_flash": 0.02}[r["method"]]
+    sweep.write_json(run / "peers_sustained_fwd.json", peers_meta(SUSTAINED, "2026-12-01T10:20:00+00:00"), records)
+    done, _, docs, _ = generate(tmp_path, make_logs_tgz(run, tmp_path / "logs.tgz"))
+    assert done.returncode == 0, done.stderr
+    sustained = section((docs / "performance.md").read_text(), f"## {SUSTAINED_TITLE}")
+    assert "|  |  | flash3 J / cuDNN J | 0.80 | 0.80 |" in sustained
+
+
 def test_flash3_bench_section_has_no_peers(generated):
     bench = section(generated[3], "## flash3-bench, the C++ benchmark")
     assert "continuous load (each shape timed right after the one before, no idle gap)" in bench
