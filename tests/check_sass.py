@@ -12,7 +12,9 @@ atom selector falling back when a tile's width is not among the atoms it
 offers (a 64 x 40 GEMM comes out as five 64 x 8 ones, and the loop fills
 with the R2UR of their descriptors). Local memory outside the mainloops is
 listed, so that it stays visible. The forward's ablation variant without warp specialization
-has no producer warpgroup to give registers away: it needs no USETMAXREG.
+has no producer warpgroup to give registers away: it needs no USETMAXREG. The
+split-KV forward (fwd::SplitEpilogue) writes its float32 partials from
+registers, not by TMA: it needs no UTMASTG.
 
 The backward's kernels run as a chain of programmatic dependent launches
 (src/common/dependent_launch.h): each one with a dependent should let it
@@ -66,9 +68,15 @@ def warp_specialized(name):
     return "KernelNoWS" not in name
 
 
+def split_kv(name):
+    """True for the split-KV forward kernels (fwd::SplitEpilogue), which store no O by TMA."""
+    return "SplitEpilogue" in name
+
+
 def required(name):
     ops = tuple(mma_op(name) if op == "HGMMA" else op for op in REQUIRED[kind(name)])
-    return ops if warp_specialized(name) else tuple(op for op in ops if op != "USETMAXREG")
+    ops = ops if warp_specialized(name) else tuple(op for op in ops if op != "USETMAXREG")
+    return tuple(op for op in ops if op != "UTMASTG") if split_kv(name) else ops
 
 
 def hot_ops(name):

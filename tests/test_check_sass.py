@@ -55,6 +55,14 @@ def test_out_of_line_wait_retry_is_no_loop():
     assert local_in_mainloops(body) == []
 
 
+def test_split_kv_kernels_need_no_tma_store():
+    # fwd::SplitEpilogue writes float32 partials from registers.
+    name = ("_ZN6flash33fwd14forward_kernelINS0_6KernelINS0_8MainloopINS0_9FwdTraitsIN7cutlass10bfloat16_tELi128E"
+            "EEENS0_13SplitEpilogueIS9_EENS_18SplitTileSchedulerEEEEEvNT_6ParamsE")
+    assert check_sass.required(name) == ("HGMMA", "UTMALDG", "USETMAXREG")
+    assert "UTMASTG" in check_sass.required(name.replace("13SplitEpilogue", "8Epilogue"))
+
+
 def test_fp8_kernels_need_qgmma():
     name = "_ZN6flash33fwd14forward_kernelINS0_9FwdTraitsIN7cutlass12float_e4m3_tELi128E"
     assert check_sass.required(name) == ("QGMMA", "UTMALDG", "UTMASTG", "USETMAXREG")

@@ -139,6 +139,37 @@ struct Varlen {
   int64_t total_k = 0;
 };
 
+// Decoding against a KV cache (FlashAttention's flash_attn_with_kvcache,
+// contiguous cache): ForwardArgs::k and v are the caches, [batch_cache,
+// seqlen_k, heads_kv, head_dim] and [.., head_dim_v], seqlen_k the rows of a
+// cache entry (its capacity); q and o are [batch, seqlen_q, ...], seqlen_q
+// from 1 (decoding) up. Batch entry b attends to cache entry batch_idx[b]
+// (b without it), rows leftpad[b] .. seqlens[b] - 1 (from 0 without it):
+// seqlens[b] - leftpad[b] keys, to which the causal mask and the window are
+// aligned as in ForwardArgs (query i sees up to key seqlens[b] - seqlen_q + i
+// of the cache row). Softcap, sinks, GQA and the LSE as in ForwardArgs.
+// The arrays are device memory, trusted, not read on the host: int32
+// [batch], 0 <= leftpad[b] (a leftpad past seqlens[b] leaves no key),
+// seqlens[b] <= seqlen_k, 0 <= batch_idx[b] < batch_cache. The forward reads
+// the last key block of an entry whole (the keys past seqlens[b] masked):
+// cache rows there, up to the block's end or seqlen_k, must be finite (a
+// zero-initialised cache is). bf16 and fp16, every KernelOption on.
+//
+// Split-KV: when batch x heads_q x query blocks cannot fill the GPU, each
+// tile's key blocks are split into num_splits contiguous runs over CTAs,
+// whose float32 partial O and LSE (stream-ordered scratch memory, allocated
+// and freed on the stream) a second kernel combines into O and the LSE.
+// num_splits: 1 no split, 0 chosen (enough CTAs to fill the SMs, each split
+// at least 4 key blocks; see src/fwd/kv_split.h), up to 128 (splits beyond
+// the key blocks get no key and weigh nothing).
+struct KvCache {
+  const int32_t* seqlens = nullptr;    // cache_seqlens; nullptr: no KV cache (the other fields unused)
+  const int32_t* batch_idx = nullptr;  // cache_batch_idx, optional
+  const int32_t* leftpad = nullptr;    // cache_leftpad, optional
+  int64_t batch_cache = 0;             // the caches' batch entries
+  int64_t num_splits = 1;
+};
+
 struct ForwardArgs {
   // Q, K, V's dtype; O's too, except for kE4M3, whose O is in fp8.out_dtype.
   DType dtype = DType::kBF16;
@@ -205,8 +236,12 @@ struct ForwardArgs {
 
   // V's and O's head dim: 0 (the same as head_dim), head_dim, or 128 with
   // head_dim 192 (DeepSeek-V3's shape; bf16 and fp16, with every option
-  // above). Last in the struct, so that the C ABI's other offsets stay.
+  // above). After the fields above, so that the C ABI's offsets stay.
   int64_t head_dim_v = 0;
+
+  // A KV cache (decoding), or none (kv_cache.seqlens nullptr). Last, for the
+  // same reason.
+  KvCache kv_cache;
 };
 
 // Checks the arguments without touching the device: sizes, head dim, pointers

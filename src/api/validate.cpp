@@ -10,6 +10,7 @@
 #include "common/head_dims.h"
 #include "common/mask.h"
 #include "flash3/flash3.h"
+#include "fwd/kv_split.h"
 #include "fwd/variants.h"
 
 namespace flash3 {
@@ -83,6 +84,52 @@ Status check_varlen(ForwardArgs const& a) {
   return Status();
 }
 
+// A KV cache's host-side fields (its device arrays are trusted): without
+// kv_cache.seqlens the others must be left unset, so that a caller who meant
+// a cache call does not get a plain one.
+Status check_kv_cache(ForwardArgs const& a) {
+  KvCache const& c = a.kv_cache;
+  if (c.seqlens == nullptr) {
+    if (c.batch_idx != nullptr || c.leftpad != nullptr) {
+      return invalid("kv_cache.seqlens: null pointer, but kv_cache.batch_idx or kv_cache.leftpad given");
+    }
+    if (c.batch_cache != 0) return invalid("kv_cache.batch_cache: set without kv_cache.seqlens");
+    if (c.num_splits != 1) {
+      return invalid("kv_cache.num_splits: split-KV runs with a KV cache (kv_cache.seqlens), got num_splits " +
+                     std::to_string(c.num_splits));
+    }
+    return Status();
+  }
+  for (auto const& [name, p] : {std::pair{"kv_cache.seqlens", c.seqlens}, std::pair{"kv_cache.batch_idx", c.batch_idx},
+                                std::pair{"kv_cache.leftpad", c.leftpad}}) {
+    if (reinterpret_cast<uintptr_t>(p) % alignof(int32_t) != 0) return invalid(std::string(name) + ": must be 4-byte aligned");
+  }
+  if (c.batch_cache < 1 || c.batch_cache > checks::kMaxExtent) {
+    return invalid("kv_cache.batch_cache: must be in [1, 2^31), got " + std::to_string(c.batch_cache));
+  }
+  if (c.batch_idx == nullptr && c.batch_cache < a.batch) {
+    return invalid("kv_cache.batch_cache: without kv_cache.batch_idx entry b reads cache entry b, so it must be at "
+                   "least batch (" + std::to_string(a.batch) + "), got " + std::to_string(c.batch_cache));
+  }
+  if (c.num_splits < 0 || c.num_splits > kMaxSplits) {
+    return invalid("kv_cache.num_splits: must be 0 (chosen) or 1 .. " + std::to_string(kMaxSplits) + ", got " +
+                   std::to_string(c.num_splits));
+  }
+  // Split tiles (m_block, head, batch, split) are counted in 32 bits.
+  if (a.batch > 0 && (a.seqlen_q + 63) / 64 * a.heads_q * std::max<int64_t>(c.num_splits, 1) > checks::kMaxExtent / a.batch) {
+    return invalid("kv_cache.num_splits: batch * heads_q * seqlen_q / 64 * num_splits must be below 2^31");
+  }
+  if (a.varlen.cu_seqlens_q != nullptr) {
+    return invalid("varlen.cu_seqlens_q: packed sequences and a KV cache do not combine (give one or the other)");
+  }
+  if (a.dtype == DType::kE4M3) return Status(Status::Code::kUnsupported, "kv_cache: the KV cache takes bf16 or fp16, not kE4M3");
+  if (!(a.options.pingpong && a.options.intra_warpgroup_overlap && a.options.warp_specialization &&
+        a.options.persistent)) {
+    return Status(Status::Code::kUnsupported, "kv_cache: a KV cache runs with every KernelOption on");
+  }
+  return Status();
+}
+
 }  // namespace
 
 Status validate(ForwardArgs const& a) {
@@ -108,6 +155,9 @@ Status validate(ForwardArgs const& a) {
   }
   bool const packed = a.varlen.cu_seqlens_q != nullptr;
   if (Status s = check_varlen(a); !s.ok()) return s;
+  if (Status s = check_kv_cache(a); !s.ok()) return s;
+  // A KV cache's K and V have entries of their own.
+  int64_t const kv_entries = a.kv_cache.seqlens != nullptr ? a.kv_cache.batch_cache : packed ? 1 : a.batch;
   if (a.batch == 0 || a.seqlen_q == 0 || (packed && a.varlen.total_q == 0)) return Status();  // nothing to write
   int64_t const in_bytes = element_bytes(a.dtype);
   int64_t const out_bytes = element_bytes(fp8 ? a.fp8.out_dtype : a.dtype);
@@ -118,8 +168,10 @@ Status validate(ForwardArgs const& a) {
   int64_t const head_dim_v = head_dim_v_of(a);
   if (Status s = checks::output("o", a.o, entries, rows_q, a.heads_q, head_dim_v, out_bytes); !s.ok()) return s;
   if (rows_k > 0) {
-    if (Status s = checks::tensor("k", a.k, entries, rows_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
-    if (Status s = checks::tensor("v", a.v, entries, rows_k, a.heads_kv, head_dim_v, in_bytes); !s.ok()) return s;
+    if (Status s = checks::tensor("k", a.k, kv_entries, rows_k, a.heads_kv, a.head_dim, in_bytes); !s.ok()) return s;
+    if (Status s = checks::tensor("v", a.v, kv_entries, rows_k, a.heads_kv, head_dim_v, in_bytes); !s.ok()) {
+      return s;
+    }
   }
   // LSE's and the sinks' layouts are fixed and dense, so they cannot overlap
   // themselves: only their alignment to check.

@@ -15,6 +15,7 @@ struct TileCoord {
   int m_block;
   int head;
   int batch;
+  int split = 0;  // split-KV: which run of the tile's key blocks (common/split_scheduler.h)
 };
 
 // Tiles are ordered for the L2 and, with a causal mask, longest first.

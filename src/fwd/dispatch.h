@@ -5,7 +5,10 @@
 // sequences is none). Each (dtype, head dim, V's head dim) is compiled in its
 // own generated translation unit (fwd/instantiate.cu.in); V's head dim of its
 // own (a pair of common/head_dims.inc) is built with every technique on, as
-// fwd/variants.h's table builds its ablation rows at head dim 128 only.
+// fwd/variants.h's table builds its ablation rows at head dim 128 only. A KV
+// cache call (ForwardArgs::kv_cache) runs the rows' KV cache kernels
+// (Variant::kv_cache_built): split or not by its number of splits, masked
+// by the window kernel when it has a causal mask or a window.
 #pragma once
 
 #include <string>
@@ -16,6 +19,7 @@
 #include "common/mask.h"
 #include "flash3/flash3.h"
 #include "fwd/launch.h"
+#include "fwd/launch_split.h"
 #include "fwd/traits.h"
 #include "fwd/variants.h"
 
@@ -25,6 +29,16 @@ namespace flash3::fwd {
 template <DType kDType, int kHeadDim, int kHeadDimV, Variant kVariant>
 Status launch_variant(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   return launch_forward<FwdTraits<ElementOf<kDType>, kHeadDim, kVariant, kHeadDimV>>(a, device, stream);
+}
+
+// A KV cache call: the split kernel when it takes more than one split, else
+// the plain one (both of kBase's mask).
+template <DType kDType, int kHeadDim, int kHeadDimV, Variant kBase>
+Status launch_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
+  using Plain = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(false), kHeadDimV>;
+  using Split = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(true), kHeadDimV>;
+  int const splits = num_splits_of(a, device, Split::kBlockM, Split::kBlockN);
+  return splits > 1 ? launch_split_forward<Split>(a, device, splits, stream) : launch_forward<Plain>(a, device, stream);
 }
 
 // Launches row I's kernel if the row is built for (kDType, kHeadDim) and the
@@ -46,6 +60,16 @@ bool launch_if_selected(ForwardArgs const& a, DeviceInfo const& device, cudaStre
                               : launch_variant<kDType, kHeadDim, kHeadDimV, kPacked.with_mask(false, false)>(a, device, stream);
         } else {
           status = Status(Status::Code::kUnsupported, "varlen: no packed kernel for these options or dtype");
+        }
+        return true;
+      }
+      if (a.kv_cache.seqlens != nullptr) {
+        if constexpr (kRow.variant.kv_cache_built(kDType)) {
+          status = window || a.causal
+                       ? launch_kv_cache<kDType, kHeadDim, kHeadDimV, kRow.variant.with_mask(false, true)>(a, device, stream)
+                       : launch_kv_cache<kDType, kHeadDim, kHeadDimV, kRow.variant.with_mask(false, false)>(a, device, stream);
+        } else {
+          status = Status(Status::Code::kUnsupported, "kv_cache: no KV cache kernel for these options or dtype");
         }
         return true;
       }

@@ -16,6 +16,7 @@
 
 #include "fwd/block_range.h"
 #include "fwd/epilogue.h"
+#include "fwd/kv_split.h"
 #include "fwd/mainloop.h"
 #include "fwd/pipelines.h"
 #include "fwd/softmax.h"
@@ -52,9 +53,13 @@ struct Kernel {
   static constexpr int kNumThreads = Traits::kNumThreads;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
 
+  // The key blocks a tile walks: its rows' under the mask, and with
+  // split-KV the tile's split's run of them (producer and consumers alike).
   CUTE_DEVICE static BlockRange range_of(Params const& params, TileCoord tile) {
-    return block_range(params.mainloop.mask_policy(tile.batch), tile.m_block, Traits::kBlockM, Traits::kBlockN,
-                       params.mainloop.row_offset);
+    BlockRange const range = block_range(params.mainloop.mask_policy(tile.batch), tile.m_block, Traits::kBlockM,
+                                         Traits::kBlockN, params.mainloop.row_offset);
+    if constexpr (Traits::kSplit) return split_block_range(range, tile.split, params.mainloop.num_splits);
+    return range;
   }
 
   CUTE_DEVICE static PipelinesT make_pipelines(Params const& params, SharedStorage& smem) {

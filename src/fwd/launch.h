@@ -11,27 +11,40 @@
 #include "common/device_info.h"
 #include "common/dynamic_smem.h"
 #include "common/gmem_tensor.h"
+#include "common/kv_cache.h"
 #include "common/scale_view.h"
 #include "common/softcap.h"
+#include "common/split_scheduler.h"
 #include "common/tile_scheduler.h"
 #include "common/varlen_scheduler.h"
 #include "flash3/flash3.h"
 #include "fwd/kernel.h"
 #include "fwd/kernel_no_ws.h"
+#include "fwd/split_epilogue.h"
 
 namespace flash3::fwd {
 
 // The kernel of a variant: Algorithm 1's warp-specialized kernel (packed
-// sequences' with their scheduler), or the ablation's without a producer.
+// sequences' and split-KV's with their schedulers, split-KV's with its
+// epilogue), or the ablation's without a producer.
 template <class Traits>
 using ForwardKernel = std::conditional_t<
     Traits::kWarpSpecialized,
-    Kernel<Mainloop<Traits>, Epilogue<Traits>,
-           std::conditional_t<Traits::kPacked, VarlenTileScheduler, PersistentTileScheduler>>,
+    Kernel<Mainloop<Traits>, std::conditional_t<Traits::kSplit, SplitEpilogue<Traits>, Epilogue<Traits>>,
+           std::conditional_t<Traits::kSplit, SplitTileScheduler,
+                              std::conditional_t<Traits::kPacked, VarlenTileScheduler, PersistentTileScheduler>>>,
     KernelNoWS<Mainloop<Traits>, Epilogue<Traits>, PersistentTileScheduler>>;
 
+// Split-KV's float32 partials (fwd/split_epilogue.h's layout) and their count.
+struct SplitPartials {
+  float* o = nullptr;
+  float* lse = nullptr;
+  int num_splits = 1;
+};
+
 template <class Traits>
-Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
+Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream,
+                      SplitPartials const& partials = {}) {
   using KernelT = ForwardKernel<Traits>;
   typename KernelT::Params params;
   float const scale = a.softmax_scale != 0.f ? a.softmax_scale : 1.f / std::sqrt(float(a.head_dim));
@@ -53,20 +66,28 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
                                 a.varlen.seqused_k};
   int64_t const rows_q = packed ? a.varlen.total_q : a.seqlen_q, rows_k = packed ? a.varlen.total_k : a.seqlen_k;
   int64_t const entries = packed ? 1 : a.batch;
+  // A KV cache's K and V have entries of their own (cache_batch_idx picks one).
+  int64_t const kv_entries = Traits::kKvCache ? a.kv_cache.batch_cache : entries;
+  KvCacheMap const cache{a.kv_cache.seqlens, a.kv_cache.batch_idx, a.kv_cache.leftpad};
   int const row_offset =
       packed ? 0 : first_tile_row_offset(a.seqlen_q, Traits::kBlockM, Traits::kPartialTileFirst);
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim, kHeadDimV = Traits::kHeadDimV;
   params.mainloop = KernelT::MainloopT::make_params(
       gmem_tensor<kHeadDim, Element>(a.q, rows_q, a.heads_q, entries),
-      gmem_tensor<kHeadDim, Element>(a.k, rows_k, a.heads_kv, entries),
-      gmem_tensor<kHeadDimV, Element>(a.v, rows_k, a.heads_kv, entries), int(a.heads_q / a.heads_kv), int(a.seqlen_q),
-      int(a.seqlen_k), lengths, row_offset,
+      gmem_tensor<kHeadDim, Element>(a.k, rows_k, a.heads_kv, kv_entries),
+      gmem_tensor<kHeadDimV, Element>(a.v, rows_k, a.heads_kv, kv_entries), int(a.heads_q / a.heads_kv),
+      int(a.seqlen_q), int(a.seqlen_k), lengths, row_offset,
       window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k), scale, softcap_of(a.softcap, scale),
-      q_scale, k_scale, v_scale);
-  params.epilogue = Epilogue<Traits>::make_params(
-      gmem_tensor<kHeadDimV, typename Traits::ElementO>(a.o, rows_q, a.heads_q, entries), a.lse, a.sinks,
-      int(a.seqlen_q), int(a.heads_q), row_offset, lengths, int(rows_q));
+      q_scale, k_scale, v_scale, cache, partials.num_splits);
+  if constexpr (Traits::kSplit) {
+    params.epilogue = SplitEpilogue<Traits>::make_params(partials.o, partials.lse, int(a.seqlen_q), int(a.heads_q),
+                                                         int(a.batch));
+  } else {
+    params.epilogue = Epilogue<Traits>::make_params(
+        gmem_tensor<kHeadDimV, typename Traits::ElementO>(a.o, rows_q, a.heads_q, entries), a.lse, a.sinks,
+        int(a.seqlen_q), int(a.heads_q), row_offset, lengths, int(rows_q));
+  }
 
   int const num_m_blocks = int((a.seqlen_q + row_offset + Traits::kBlockM - 1) / Traits::kBlockM);
   // K and V bytes one query head reads, shared by the heads of its GQA group.
@@ -87,6 +108,9 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
       order.causal = Traits::kCausal;
       int64_t const max_tiles = int64_t(num_m_blocks) * a.heads_q * a.batch;
       err = launch.prepare(order, int(std::min<int64_t>(max_tiles, INT_MAX)), device, a.tile_counter, stream);
+    } else if constexpr (Traits::kSplit) {
+      err = launch.prepare(num_m_blocks, partials.num_splits, int(a.heads_q), int(a.batch), kv_bytes,
+                           Traits::kCausal, device, a.tile_counter, stream);
     } else {
       err = launch.prepare(num_m_blocks, int(a.heads_q), int(a.batch), kv_bytes, Traits::kCausal,
                            a.options.persistent, device, a.tile_counter, stream);

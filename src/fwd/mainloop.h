@@ -10,10 +10,12 @@
 #include "common/layout.h"
 #include "common/scale_view.h"
 #include "common/softcap.h"
+#include "common/kv_cache.h"
 #include "common/varlen_tiles.h"
 #include "common/tile_order.h"
 #include "fwd/block_range.h"
 #include "fwd/descale.h"
+#include "fwd/kv_split.h"
 #include "fwd/mask.h"
 #include "fwd/softmax.h"
 #include "fwd/traits.h"
@@ -87,6 +89,8 @@ struct Mainloop {
     int seqlen_q;      // packed sequences: the longest's
     int seqlen_k;
     SequenceLengths lengths;  // packed sequences (varlen), or none
+    KvCacheMap cache;         // a KV cache's entries, or none
+    int num_splits;           // split-KV: runs of each tile's key blocks (1 without)
     int row_offset;    // rows above the sequence in the first tile (tile_first_row)
     int window_left;   // the call's Window (the masked kernel's only)
     int window_right;
@@ -100,11 +104,22 @@ struct Mainloop {
 
     // A batch entry's sequence: its lengths, and where its rows start in
     // the packed tensors (0 for fixed-length batches, whose entries are
-    // TMA's batch coordinate instead).
+    // TMA's batch coordinate instead); a KV cache's keys start at the
+    // entry's leftpad in the cache row it reads (kv_batch).
     CUTE_DEVICE int seq_q(int batch) const { return Traits::kPacked ? lengths.q(batch) : seqlen_q; }
-    CUTE_DEVICE int seq_k(int batch) const { return Traits::kPacked ? lengths.k(batch) : seqlen_k; }
+    CUTE_DEVICE int seq_k(int batch) const {
+      if constexpr (Traits::kKvCache) return cache.keys(batch);
+      return Traits::kPacked ? lengths.k(batch) : seqlen_k;
+    }
     CUTE_DEVICE int first_q(int batch) const { return Traits::kPacked ? lengths.cu_seqlens_q[batch] : 0; }
-    CUTE_DEVICE int first_k(int batch) const { return Traits::kPacked ? lengths.cu_seqlens_k[batch] : 0; }
+    CUTE_DEVICE int first_k(int batch) const {
+      if constexpr (Traits::kKvCache) return cache.first_key(batch);
+      return Traits::kPacked ? lengths.cu_seqlens_k[batch] : 0;
+    }
+    CUTE_DEVICE int kv_batch(int batch) const {
+      if constexpr (Traits::kKvCache) return cache.kv_batch(batch);
+      return Traits::kPacked ? 0 : batch;
+    }
 
     // The mask policy of a batch entry's tiles: the causal mask's at compile
     // time, or a window's from the call's bounds (read from the parameters
@@ -118,7 +133,8 @@ struct Mainloop {
 
   static Params make_params(GmemTensor const& q, GmemTensor const& k, GmemTensorV const& v, int head_group,
                             int seqlen_q, int seqlen_k, SequenceLengths lengths, int row_offset, Window window,
-                            float softmax_scale, Softcap softcap, ScaleView q_scale = {}, ScaleView k_scale = {}, ScaleView v_scale = {}) {
+                            float softmax_scale, Softcap softcap, ScaleView q_scale = {}, ScaleView k_scale = {},
+                            ScaleView v_scale = {}, KvCacheMap cache = {}, int num_splits = 1) {
     return {make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(SmemLayoutQ{}), select<0, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(SmemLayoutV{}), TileShapeV{}, _1{}),
@@ -128,6 +144,8 @@ struct Mainloop {
             seqlen_q,
             seqlen_k,
             lengths,
+            cache,
+            num_splits,
             row_offset,
             window.left,
             window.right,
@@ -212,11 +230,12 @@ struct Mainloop {
       if (leader) {
         auto const tile_shape = make_shape(Int<kBlockN>{}, get<1>(shape));
         // A packed sequence's last block reads the next one's first keys,
-        // which the mask hides (seq_k).
+        // a KV cache's the rows past its cache_seqlens, which the mask hides
+        // (seq_k).
         Tensor g = [&] {
-          if constexpr (Traits::kPacked) {
+          if constexpr (Traits::kPacked || Traits::kKvCache) {
             return local_tile(domain_offset(make_coord(p.first_k(tile.batch), _0{}),
-                                            tma.get_tma_tensor(shape)(_, _, head_kv, 0)),
+                                            tma.get_tma_tensor(shape)(_, _, head_kv, p.kv_batch(tile.batch))),
                               tile_shape, make_coord(n_block, _0{}));
           } else {
             return local_tile(tma.get_tma_tensor(shape)(_, _, head_kv, tile.batch), tile_shape,
@@ -328,17 +347,17 @@ struct Mainloop {
                               DeferredEpilogue<Epilogue>& previous_epilogue) {
     int const warp_group = thread_idx / cutlass::NumThreadsPerWarpGroup;
     if constexpr (!Traits::kIntraWGOverlap) previous_epilogue();
-    // Packed sequences: this tile's lengths into the warpgroup's slot, which
-    // the mask reads in the loop (each thread writes the same values before
-    // it reads them).
-    if constexpr (Traits::kPacked) {
+    // Packed sequences and KV caches: this tile's lengths into the
+    // warpgroup's slot, which the mask reads in the loop (each thread writes
+    // the same values before it reads them).
+    if constexpr (Traits::kPerEntryLengths) {
       int* slot = smem.sequence[consumer_group()];
       slot[0] = p.seq_q(tile.batch);
       slot[1] = p.seq_k(tile.batch);
     }
     // The mask policy inside the loop, from the parameters or that slot.
     auto loop_mask_policy = [&] {
-      if constexpr (Traits::kPacked) {
+      if constexpr (Traits::kPerEntryLengths) {
         int const* slot = smem.sequence[consumer_group()];
         return p.policy_of(slot[0], slot[1]);
       } else {
@@ -357,8 +376,11 @@ struct Mainloop {
       // Without a producer, the ablation's kernel, the branch doubled the
       // mainloop's R2UR moves: that kernel keeps every warpgroup busy.)
       int const group = cutlass::canonical_warp_group_idx() - 1;
-      BlockRange const own =
+      BlockRange own =
           warpgroup_block_range(p.mask_policy(tile.batch), tile.m_block, kBlockM, group, kBlockN, p.row_offset);
+      // Split-KV: `range` is the CTA's run of the tile's blocks; the rows
+      // walk the part of their own range inside it.
+      if constexpr (Traits::kSplit) own = within_split(own, range);
       if (own.empty()) {
         // Q's load is still waited for: with every warpgroup idle (a tile
         // whose rows all see no key) nothing else would, and the CTA could

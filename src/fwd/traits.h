@@ -33,6 +33,12 @@ struct FwdTraits {
   static constexpr bool kCausal = kVariant.causal;  // the masked kernel (fwd/variants.h)
   static constexpr bool kWindow = kVariant.window;
   static constexpr bool kPacked = kVariant.packed;  // packed sequences (varlen)
+  static constexpr bool kKvCache = kVariant.kv_cache;  // keys of a KV cache (common/kv_cache.h)
+  static constexpr bool kSplit = kVariant.split;       // split-KV: float32 partials (fwd/split_epilogue.h)
+  static_assert(!kSplit || kKvCache, "split-KV is built for the KV cache kernels");
+  // Each batch entry's own key count (and packed sequences' query count),
+  // read from device memory by the mask and the block ranges.
+  static constexpr bool kPerEntryLengths = kPacked || kKvCache;
   static constexpr bool kPingpong = kVariant.pingpong;
   // The window kernels from head dim 192 (V's 128 too) and in FP8 run
   // Algorithm 1's iteration: with the overlap's S_next and P both live they
@@ -128,7 +134,9 @@ struct FwdTraits {
   // next tile's Q is there by then (two buffers), and in the kernels of three
   // warpgroups, whose epilogues then overlap the other warpgroups' GEMMs. The
   // others keep one joined store of the whole tile.
-  static constexpr bool kDeferEpilogue = kNumConsumerWarpGroups == 3 || kQStages == 2;
+  // Split-KV stores its float32 partial O at once: held into the next tile
+  // it would take O's registers twice.
+  static constexpr bool kDeferEpilogue = !kSplit && (kNumConsumerWarpGroups == 3 || kQStages == 2);
   using SmemLayoutQ = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, Int<kBlockM>, Int<kHeadDim>>(),
       Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
@@ -163,7 +171,7 @@ struct FwdTraits {
   // keys, rather than the last, whose rows see them all: its tiles start
   // above the sequence by whole warpgroups (block_range; launch_forward).
   // Not FP8, whose Q scale blocks are the tiles.
-  static constexpr bool kPartialTileFirst = kCausal && !kFp8 && kNumConsumerWarpGroups == 3;
+  static constexpr bool kPartialTileFirst = kCausal && !kFp8 && kNumConsumerWarpGroups == 3 && !kSplit;
   // O leaves by TMA stores of this shape. With the deferred epilogue each
   // consumer warpgroup stores its own 64 rows from a block of its own in the
   // buffer, waiting for no other warpgroup, and rows above the sequence
@@ -222,10 +230,10 @@ struct FwdTraits {
     // a producer (the ablation) the consumers compute them.
     int tile_index;
     TileCoord tile;
-    // Packed sequences: each consumer warpgroup's tile's (seqlen_q,
-    // seqlen_k), for the mask inside its mainloop (fewer registers held
+    // Packed sequences and KV caches: each consumer warpgroup's tile's
+    // (seqlen_q, seqlen_k), for the mask inside its mainloop (fewer registers held
     // across it).
-    int sequence[kPacked ? kNumConsumerWarpGroups : 1][2];
+    int sequence[kPerEntryLengths ? kNumConsumerWarpGroups : 1][2];
     std::conditional_t<kFp8, float[kQStages], None> q_descale;  // FP8: Q's descale, published with Q by pipeline_q
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit, "tile sizes overflow shared memory");

@@ -22,6 +22,8 @@ struct Variant {
   bool warp_specialization = true;      // Algorithm 1's producer warpgroup
   DType fp8_out = DType::kBF16;         // FP8 only: O's dtype
   bool packed = false;                  // packed sequences (varlen): their own scheduler and offsets
+  bool kv_cache = false;                // keys of a KV cache: per-entry cache row, first key and length (KvCacheMap)
+  bool split = false;                   // with kv_cache: split-KV, float32 partials for the combine kernel
 
   constexpr Variant with_mask(bool causal, bool window) const {
     Variant v = *this;
@@ -34,6 +36,12 @@ struct Variant {
     v.packed = p;
     return v;
   }
+  constexpr Variant with_kv_cache(bool split_kv) const {
+    Variant v = *this;
+    v.kv_cache = true;
+    v.split = split_kv;
+    return v;
+  }
   // Every technique on: the variants the window and packed kernels are built for.
   constexpr bool all_techniques() const { return pingpong && intra_warpgroup_overlap && warp_specialization; }
   // Packed sequences' kernels: every technique on, and FP8's with a bf16 O
@@ -42,6 +50,10 @@ struct Variant {
   constexpr bool packed_built(DType dtype) const {
     return all_techniques() && (dtype != DType::kE4M3 || fp8_out == DType::kBF16);
   }
+  // KV cache kernels: bf16 and fp16 with every technique on, each split or
+  // not, without a mask or with the window kernel's (which serves the causal
+  // mask too, as window_right 0): four kernels per head dim.
+  constexpr bool kv_cache_built(DType dtype) const { return all_techniques() && dtype != DType::kE4M3; }
 };
 
 // A row of the table: a variant built for a dtype and one head dim, or every
