@@ -28,7 +28,8 @@ extern "C" {
 const char* flash3_version(void);
 
 /* Byte offset of `field` in the struct `struct_name` ("ForwardArgs",
- * "BackwardArgs", "QuantizeArgs", "TensorRef", "Fp8Scales", "KernelOptions");
+ * "BackwardArgs", "QuantizeArgs", "TensorRef", "Fp8Scales", "KernelOptions",
+ * "Varlen", "KvCache");
  * with field "" the struct's size. -1 for a name it does not know. Nested
  * fields are named with dots ("q.seq_stride", "fp8.out_dtype"); a nested
  * struct's own name ("q", "fp8") gives its offset. */

@@ -55,6 +55,16 @@ class Varlen(ctypes.Structure):
     ]
 
 
+class KvCache(ctypes.Structure):
+    _fields_ = [
+        ("seqlens", ctypes.c_void_p),
+        ("batch_idx", ctypes.c_void_p),
+        ("leftpad", ctypes.c_void_p),
+        ("batch_cache", ctypes.c_int64),
+        ("num_splits", ctypes.c_int64),
+    ]
+
+
 _SIZES = [
     ("dtype", ctypes.c_int),
     ("batch", ctypes.c_int64),
@@ -84,6 +94,7 @@ class ForwardArgs(ctypes.Structure):
         ("options", KernelOptions),
         ("tile_counter", ctypes.c_void_p),
         ("head_dim_v", ctypes.c_int64),
+        ("kv_cache", KvCache),
     ]
 
 
@@ -129,7 +140,7 @@ class QuantizeArgs(ctypes.Structure):
     ]
 
 
-MIRRORS = (TensorRef, KernelOptions, Fp8Scales, Varlen, ForwardArgs, BackwardArgs, QuantizeArgs)
+MIRRORS = (TensorRef, KernelOptions, Fp8Scales, Varlen, KvCache, ForwardArgs, BackwardArgs, QuantizeArgs)
 
 # flash3::DType and flash3::ScaleGranularity values.
 BF16, FP16, E4M3 = 0, 1, 2

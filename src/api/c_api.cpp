@@ -23,6 +23,7 @@ using flash3::ConstTensor;
 using flash3::Fp8Scales;
 using flash3::ForwardArgs;
 using flash3::KernelOptions;
+using flash3::KvCache;
 using flash3::MutableTensor;
 using flash3::QuantizeArgs;
 using flash3::Varlen;
@@ -105,6 +106,10 @@ constexpr Field kVarlen[] = {FLASH3_FIELD(Varlen, cu_seqlens_q), FLASH3_FIELD(Va
                              FLASH3_FIELD(Varlen, seqused_q),    FLASH3_FIELD(Varlen, seqused_k),
                              FLASH3_FIELD(Varlen, total_q),      FLASH3_FIELD(Varlen, total_k)};
 
+constexpr Field kKvCache[] = {FLASH3_FIELD(KvCache, seqlens), FLASH3_FIELD(KvCache, batch_idx),
+                              FLASH3_FIELD(KvCache, leftpad), FLASH3_FIELD(KvCache, batch_cache),
+                              FLASH3_FIELD(KvCache, num_splits)};
+
 constexpr Field kKernelOptions[] = {FLASH3_FIELD(KernelOptions, pingpong),
                                     FLASH3_FIELD(KernelOptions, intra_warpgroup_overlap),
                                     FLASH3_FIELD(KernelOptions, persistent),
@@ -122,7 +127,8 @@ constexpr Field kForwardArgs[] = {
     FLASH3_FIELD(ForwardArgs, softcap),       FLASH3_FIELD(ForwardArgs, sinks),
            FLASH3_NESTED(ForwardArgs, fp8, kFp8Scales), FLASH3_NESTED(ForwardArgs, varlen, kVarlen),
     FLASH3_NESTED(ForwardArgs, options, kKernelOptions),
-    FLASH3_FIELD(ForwardArgs, tile_counter),  FLASH3_FIELD(ForwardArgs, head_dim_v)};
+    FLASH3_FIELD(ForwardArgs, tile_counter),  FLASH3_FIELD(ForwardArgs, head_dim_v),
+    FLASH3_NESTED(ForwardArgs, kv_cache, kKvCache)};
 
 constexpr Field kBackwardArgs[] = {
     FLASH3_FIELD(BackwardArgs, dtype),           FLASH3_FIELD(BackwardArgs, batch),
@@ -165,7 +171,8 @@ static_assert(ends_at<ConstTensor>(offsetof(ConstTensor, dim_stride), sizeof(int
 static_assert(ends_at<Fp8Scales>(offsetof(Fp8Scales, out_dtype), sizeof(flash3::DType)));
 static_assert(ends_at<KernelOptions>(offsetof(KernelOptions, warp_specialization), sizeof(bool)));
 static_assert(ends_at<Varlen>(offsetof(Varlen, total_k), sizeof(int64_t)));
-static_assert(ends_at<ForwardArgs>(offsetof(ForwardArgs, head_dim_v), sizeof(int64_t)));
+static_assert(ends_at<KvCache>(offsetof(KvCache, num_splits), sizeof(int64_t)));
+static_assert(ends_at<ForwardArgs>(offsetof(ForwardArgs, kv_cache), sizeof(KvCache)));
 static_assert(ends_at<BackwardArgs>(offsetof(BackwardArgs, head_dim_v), sizeof(int64_t)));
 static_assert(ends_at<QuantizeArgs>(offsetof(QuantizeArgs, seed), sizeof(uint64_t)));
 
@@ -173,7 +180,7 @@ constexpr Struct kStructs[] = {
     {"ForwardArgs", sizeof(ForwardArgs), kForwardArgs},    {"BackwardArgs", sizeof(BackwardArgs), kBackwardArgs},
     {"QuantizeArgs", sizeof(QuantizeArgs), kQuantizeArgs}, {"TensorRef", sizeof(ConstTensor), kTensorRef},
     {"Fp8Scales", sizeof(Fp8Scales), kFp8Scales},           {"KernelOptions", sizeof(KernelOptions), kKernelOptions},
-    {"Varlen", sizeof(Varlen), kVarlen}};
+    {"Varlen", sizeof(Varlen), kVarlen},                   {"KvCache", sizeof(KvCache), kKvCache}};
 
 // The offset of `name` ("field" or "field.subfield...") in `fields`; -1 if
 // there is no such field.
