@@ -39,6 +39,7 @@ _pack_quantize = _abi.packer(_abi.QuantizeArgs).pack_into
 _ALL_ON = (True, True, True, True)  # KernelOptions: flash3.h's defaults
 _NO_FP8 = (0, 0, 0, 0, 0)  # Fp8Scales of a bf16/fp16 call
 _NO_VARLEN = (0, 0, 0, 0, 0, 0)  # Varlen of a fixed-length batch
+_NO_KV_CACHE = (0, 0, 0, 0, 1)  # KvCache of a call without one (num_splits 1)
 # The mask policy's scalars, (window_left, window_right, softcap) in
 # flash3.h's order: no window, no softcap.
 _NO_MASK = (-1, -1, 0.0)
@@ -166,7 +167,7 @@ def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sink
                   *k.stride(), v.data_ptr(), *v.stride(), out.data_ptr(), *out.stride(),
                   0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
                   0 if sinks is None else sinks.data_ptr(), *fp8, *_NO_VARLEN, *_ALL_ON,
-                  0 if counter is None else counter.data_ptr(), v.shape[-1])
+                  0 if counter is None else counter.data_ptr(), v.shape[-1], *_NO_KV_CACHE)
     return args
 
 
@@ -209,7 +210,7 @@ def varlen_forward_args(q, k, v, out, lse, softmax_scale, causal, counter, varle
     _pack_forward(args, 0, DTYPES[q.dtype], *sizes, *_packed_ref(q), *_packed_ref(k), *_packed_ref(v),
                   *_packed_ref(out), 0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
                   0 if sinks is None else sinks.data_ptr(), *fp8, *fields, *_ALL_ON,
-                  0 if counter is None else counter.data_ptr(), v.shape[-1])
+                  0 if counter is None else counter.data_ptr(), v.shape[-1], *_NO_KV_CACHE)
     return args
 
 
@@ -504,6 +505,58 @@ def _varlen_fwd_backward(ctx, dout, dlse):
 
 
 varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
+
+
+# ---- KV cache (decoding) ------------------------------------------------------
+# Its own operator, forward only (inference): O and the LSE from q against the
+# caches, which it reads and does not change.
+
+
+def _index_ptr(t):
+    return 0 if t is None else t.data_ptr()
+
+
+def kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, counter, cache, sinks=None,
+                         mask=_NO_MASK):
+    """ForwardArgs of a KV cache call; cache is (cache_seqlens, cache_batch_idx,
+    cache_leftpad, num_splits), the index tensors int32 [batch] or None."""
+    seqlens, batch_idx, leftpad, num_splits = cache
+    args = _abi.ForwardArgs()
+    b, sq, hq, d = q.shape
+    ks = k_cache.shape
+    _pack_forward(args, 0, DTYPES[q.dtype], b, sq, ks[1], hq, ks[2], d, *_ref(q), *_ref(k_cache), *_ref(v_cache),
+                  *_ref(out), 0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
+                  _index_ptr(sinks), *_NO_FP8, *_NO_VARLEN, *_ALL_ON, _index_ptr(counter), v_cache.shape[-1],
+                  seqlens.data_ptr(), _index_ptr(batch_idx), _index_ptr(leftpad), ks[0], num_splits)
+    return args
+
+
+@_on_tensor_device
+def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
+                          cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor], softmax_scale: float,
+                          causal: bool, num_splits: int, sinks: Optional[Tensor] = None, window_left: int = -1,
+                          window_right: int = -1, softcap: float = 0.0) -> Tuple[Tensor, Tensor]:
+    lib = _abi.load()
+    q, k_cache, v_cache = _head_dim_contiguous(q), _head_dim_contiguous(k_cache), _head_dim_contiguous(v_cache)
+    out, lse = _forward_outputs(q, v_cache, q.dtype)
+    index = q.get_device()
+    counter = _tile_counter(index)
+    _run(lib.forward,
+         kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, counter,
+                              (cache_seqlens, cache_batch_idx, cache_leftpad, num_splits), sinks,
+                              (window_left, window_right, softcap)),
+         _raw_stream(index), "forward")
+    return out, lse
+
+
+kvcache_fwd = torch.library.custom_op("flash3::kvcache_fwd", _kvcache_forward_impl, mutates_args=(),
+                                      device_types="cuda")
+
+
+@kvcache_fwd.register_fake
+def _kvcache_forward_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale, causal,
+                          num_splits, sinks=None, window_left=-1, window_right=-1, softcap=0.0):
+    return _forward_outputs(q, v_cache, q.dtype)
 
 
 def quantize(q, k, v, granularity, hadamard, seed):

@@ -411,6 +411,125 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse) if return_attn_probs else out
 
 
+def _check_kv_cache(q, k_cache, v_cache):
+    """Devices, dtypes, shapes, head dims and GQA of q against the caches:
+    q [batch, seqlen_q, heads_q, head_dim], the caches [batch_cache, max_len,
+    heads_kv, head_dim (v: its head dim)], bfloat16 or float16."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(name, t)
+    if q.device.type not in ("cuda", "meta"):
+        raise ValueError(f"q: must be a CUDA tensor (flash3 runs on Hopper GPUs), got device {q.device}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.device != q.device:
+            raise ValueError(f"{name}: must be on q's device {q.device}, got {t.device}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: dtype must be q's ({q.dtype}), got {t.dtype}")
+    if q.dtype not in _OUT_DTYPES:
+        raise ValueError(f"q: dtype {q.dtype} is not supported with a KV cache: flash3 takes torch.bfloat16 or "
+                         "torch.float16")
+    head_dim = q.shape[-1]
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"q: head_dim {head_dim} is not supported: flash3 has {', '.join(map(str, HEAD_DIMS))}")
+    if k_cache.shape[-1] != head_dim:
+        raise ValueError(f"k_cache: head_dim must be q's ({head_dim}), got {k_cache.shape[-1]}")
+    if v_cache.shape[:-1] != k_cache.shape[:-1]:
+        raise ValueError(f"v_cache: shape must be k_cache's {tuple(k_cache.shape)} (but for its head dim), "
+                         f"got {tuple(v_cache.shape)}")
+    head_dim_v = v_cache.shape[-1]
+    if head_dim_v != head_dim and (head_dim, head_dim_v) not in HEAD_DIM_PAIRS:
+        own = " or ".join(f"{dv} with q's {d}" for d, dv in HEAD_DIM_PAIRS)
+        raise ValueError(f"v_cache: head_dim must be q's ({head_dim}), or {own}, got {head_dim_v}")
+    heads_q, heads_kv = q.shape[2], k_cache.shape[2]
+    if heads_q == 0 or heads_kv == 0 or heads_q % heads_kv != 0:
+        raise ValueError(f"k_cache: its heads ({heads_kv}) must divide q's ({heads_q}): MHA, GQA or MQA")
+
+
+def _checked_cache_seqlens(cache_seqlens, batch, max_len, device):
+    """cache_seqlens as the kernels read it: int32 [batch] on q's device; an
+    int (every entry's length) or None (the whole cache) made into one."""
+    if cache_seqlens is None or (isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool)):
+        n = max_len if cache_seqlens is None else int(cache_seqlens)
+        if not 0 <= n <= max_len:
+            raise ValueError(f"cache_seqlens: must be in [0, {max_len}] (k_cache's rows), got {n}")
+        return torch.full((batch,), n, dtype=torch.int32, device=device)
+    return _checked_index_tensor("cache_seqlens", cache_seqlens, batch, device)
+
+
+def _checked_num_splits(num_splits):
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or not 0 <= num_splits <= 128:
+        raise ValueError(f"num_splits: must be an int in [0, 128] (0: chosen by flash3, 1: no split), "
+                         f"got {num_splits!r}")
+    return int(num_splits)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
+                            cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
+                            scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
+                            return_softmax_lse=False, *, sinks=None):
+    """Attention of q against a KV cache (decoding), as FlashAttention-3's,
+    contiguous cache only.
+
+    q: [batch, seqlen_q, heads_q, head_dim], seqlen_q from 1; k_cache:
+    [batch_cache, max_len, heads_kv, head_dim], v_cache: [batch_cache,
+    max_len, heads_kv, head_dim_v] (head dims as in flash_attn_func);
+    torch.bfloat16 or torch.float16. Batch entry b attends to rows
+    cache_leftpad[b] .. cache_seqlens[b] - 1 of cache entry
+    cache_batch_idx[b]: cache_seqlens (int32 [batch], or an int for every
+    entry; None: max_len), cache_batch_idx (int32 [batch], None: entry b),
+    cache_leftpad (int32 [batch], None: 0). The causal mask and window_size
+    are aligned to the bottom right of each entry's keys (query i sees keys up
+    to cache_seqlens[b] - seqlen_q + i); softcap and sinks as in
+    flash_attn_func.
+
+    The index tensors live on the device and are trusted, not read here:
+    0 <= cache_leftpad[b], cache_seqlens[b] <= max_len, 0 <=
+    cache_batch_idx[b] < batch_cache; anything else is undefined. The cache's
+    rows past cache_seqlens[b] up to the end of its last key block are read
+    (their scores masked): they must be finite (a zero-initialised cache is).
+    The caches are not changed.
+
+    num_splits: split-KV over the keys when batch x heads x query blocks
+    cannot fill the GPU; 0 lets flash3 choose, 1 never splits, up to 128.
+
+    Returns out [batch, seqlen_q, heads_q, head_dim_v] (q's dtype), and with
+    return_softmax_lse (out, lse), lse the float32 [batch, heads_q, seqlen_q]
+    log-sum-exp of each row (+inf for a row that sees no key, without sinks).
+    Not differentiable (inference).
+
+    k, v (append), rotary_cos, rotary_sin, rotary_seqlens, page_table (paged
+    cache), qv, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, the FP8
+    descales, attention_chunk, scheduler_metadata, pack_gqa and sm_margin are
+    FlashAttention-3's; any value but the default raises NotImplementedError.
+    """
+    _not_supported(k=(k, None), v=(v, None), qv=(qv, None), rotary_cos=(rotary_cos, None),
+                   rotary_sin=(rotary_sin, None), rotary_seqlens=(rotary_seqlens, None),
+                   page_table=(page_table, None), cu_seqlens_q=(cu_seqlens_q, None),
+                   cu_seqlens_k_new=(cu_seqlens_k_new, None), max_seqlen_q=(max_seqlen_q, None),
+                   q_descale=(q_descale, None), k_descale=(k_descale, None), v_descale=(v_descale, None),
+                   attention_chunk=(attention_chunk, 0), scheduler_metadata=(scheduler_metadata, None),
+                   pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
+    _check_kv_cache(q, k_cache, v_cache)
+    batch, max_len = q.shape[0], k_cache.shape[1]
+    cache_seqlens = _checked_cache_seqlens(cache_seqlens, batch, max_len, q.device)
+    if cache_batch_idx is not None:
+        cache_batch_idx = _checked_index_tensor("cache_batch_idx", cache_batch_idx, batch, q.device)
+    elif k_cache.shape[0] < batch:
+        raise ValueError(f"k_cache: without cache_batch_idx entry b reads cache entry b, so its batch "
+                         f"({k_cache.shape[0]}) must be at least q's ({batch})")
+    if cache_leftpad is not None:
+        cache_leftpad = _checked_index_tensor("cache_leftpad", cache_leftpad, batch, q.device)
+    num_splits = _checked_num_splits(num_splits)
+    sinks = _checked_sinks(sinks, q)
+    mask = (*_checked_window(window_size, causal), _checked_softcap(softcap))
+    softmax_scale = _checked_scale(softmax_scale, q)
+    out, lse = _ops.kvcache_fwd(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale,
+                                bool(causal), num_splits, sinks, *mask)
+    return (out, lse) if return_softmax_lse else out
+
+
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None,
                               window_size=(-1, -1), attention_chunk=0, softcap=0.0, deterministic=False,
                               num_heads_q=None, sm_margin=0, return_attn_probs=False, *, out_dtype=None, sinks=None):
