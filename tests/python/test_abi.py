@@ -20,7 +20,8 @@ HEADER = os.path.join(REPO, "include", "flash3", "flash3.h")
 _CTYPES = {"int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64, "bool": ctypes.c_bool, "float": ctypes.c_float,
            "DType": ctypes.c_int, "ScaleGranularity": ctypes.c_int, "Pointer": ctypes.c_void_p,
            "ConstTensor": _abi.TensorRef, "MutableTensor": _abi.TensorRef, "Fp8Scales": _abi.Fp8Scales,
-           "KernelOptions": _abi.KernelOptions, "Varlen": _abi.Varlen}
+           "KernelOptions": _abi.KernelOptions, "Varlen": _abi.Varlen,
+           "KvCache": _abi.KvCache}
 
 
 def _strip_comments(text):
@@ -248,3 +249,29 @@ def test_status_codes_become_exceptions():
         with pytest.raises(exception, match="flash3 forward: q.seq_stride: must be"):
             _abi.raise_for_status(code, buf, "forward")
     assert issubclass(NotImplementedError, RuntimeError)  # kUnsupported is a RuntimeError too
+
+
+def test_kvcache_forward_args_by_field_name():
+    q = torch.empty(2, 3, 8, 64, dtype=torch.bfloat16)
+    k = torch.empty(5, 100, 2, 64, dtype=torch.bfloat16)
+    v = torch.empty(5, 100, 2, 64, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(2, 8, 3)
+    lens, idx, pad = (torch.zeros(2, dtype=torch.int32) for _ in range(3))
+    a = _ops.kvcache_forward_args(q, k, v, out, lse, 0.5, True, None, (lens, idx, pad, 7), None, (10, 0, 2.0))
+    assert _sizes(a) == (_abi.BF16, 2, 3, 100, 8, 2, 64)
+    for ref, t in ((a.q, q), (a.k, k), (a.v, v), (a.o, out)):
+        assert _ref_matches(ref, t)
+    assert (a.lse, a.softmax_scale, a.causal, a.window_left, a.window_right, a.softcap) == (
+        lse.data_ptr(), 0.5, True, 10, 0, 2.0)
+    assert (a.kv_cache.seqlens, a.kv_cache.batch_idx, a.kv_cache.leftpad) == (
+        lens.data_ptr(), idx.data_ptr(), pad.data_ptr())
+    assert (a.kv_cache.batch_cache, a.kv_cache.num_splits, a.varlen.cu_seqlens_q) == (5, 7, None)
+    a = _ops.kvcache_forward_args(q, k, v, out, None, 0.5, False, None, (lens, None, None, 1))
+    assert (a.kv_cache.batch_idx, a.kv_cache.leftpad, a.lse) == (None, None, None)
+
+
+def test_calls_without_a_cache_leave_it_unset():
+    q = torch.empty(2, 5, 6, 64, dtype=torch.bfloat16)
+    k = torch.empty(2, 7, 3, 64, dtype=torch.bfloat16)
+    a = _ops.forward_args(q, k, k, torch.empty_like(q), None, (None, None, None), 0.25, False, None)
+    assert (a.kv_cache.seqlens, a.kv_cache.batch_cache, a.kv_cache.num_splits) == (None, 0, 1)

@@ -887,3 +887,103 @@ def test_no_memory_growth_over_1000_calls(gpu):
         step()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == allocated
+
+
+# ---- KV cache (decoding) ------------------------------------------------------
+
+
+def _cache_case(seqlens, seqlen_q=1, max_len=1024, hq=8, hkv=2, d=128, dtype=BF16, extra=0, permute=False,
+                pad=False, seed=0):
+    """q, the caches (batch + extra entries, every row finite), and the index
+    tensors: cache_batch_idx reversed with permute, leftpads with pad."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    batch = len(seqlens)
+    q = torch.randn(batch, seqlen_q, hq, d, device="cuda", dtype=dtype, generator=g)
+    k_cache = torch.randn(batch + extra, max_len, hkv, d, device="cuda", dtype=dtype, generator=g)
+    v_cache = torch.randn(batch + extra, max_len, hkv, d, device="cuda", dtype=dtype, generator=g)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    idx = torch.arange(batch + extra - 1, extra - 1, -1, dtype=torch.int32, device="cuda") if permute else None
+    leftpad = (torch.tensor([min(n, 13 * b % 37) for b, n in enumerate(seqlens)], dtype=torch.int32, device="cuda")
+               if pad else None)
+    return q, k_cache, v_cache, lens, idx, leftpad
+
+
+def _check_kv_cache(q, k_cache, v_cache, lens, idx, leftpad, causal=False, window=(-1, -1), softcap=0.0,
+                    sinks=None, num_splits=0):
+    out, lse = flash3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, cache_batch_idx=idx,
+                                              cache_leftpad=leftpad, causal=causal, window_size=window,
+                                              softcap=softcap, num_splits=num_splits, return_softmax_lse=True,
+                                              sinks=sinks)
+    scale = q.shape[-1] ** -0.5
+    for b in range(q.shape[0]):
+        row = b if idx is None else int(idx[b])
+        first = 0 if leftpad is None else int(leftpad[b])
+        last = max(int(lens[b]), first)
+        kb, vb = k_cache[row:row + 1, first:last], v_cache[row:row + 1, first:last]
+        ref, ref_lse = reference(q[b:b + 1], kb, vb, causal, scale, sinks, window, softcap)
+        low = straightforward(q[b:b + 1], kb, vb, causal, scale, sinks, window, softcap)
+        check_output(f"out[{b}]", out[b:b + 1], ref, low)
+        check_lse(lse[b:b + 1], ref_lse)
+    return out, lse
+
+
+_CACHE_LENS = [0, 1, 63, 127, 128, 129, 1000, 1024]
+
+
+@pytest.mark.parametrize("num_splits", [1, 0, 4])
+def test_kvcache_decoding(gpu, num_splits):
+    _check_kv_cache(*_cache_case(_CACHE_LENS, seed=num_splits), num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("permute,pad", [(True, False), (False, True), (True, True)])
+def test_kvcache_batch_idx_and_leftpad(gpu, permute, pad, num_splits):
+    _check_kv_cache(*_cache_case(_CACHE_LENS, max_len=1024, extra=3, permute=permute, pad=pad), num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 5])
+@pytest.mark.parametrize("seqlen_q", [1, 5, 200])
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (150, -1)), (True, (64, -1)), (False, (30, 10))])
+def test_kvcache_causal_and_windows(gpu, seqlen_q, causal, window, num_splits):
+    case = _cache_case([seqlen_q, seqlen_q + 1, 300, 1024, 777], seqlen_q=seqlen_q, pad=True, seed=seqlen_q)
+    _check_kv_cache(*case, causal=causal, window=window, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 6])
+def test_kvcache_gqa_softcap_sinks(gpu, num_splits):
+    _check_kv_cache(*_cache_case(_CACHE_LENS, hq=32, hkv=8), num_splits=num_splits)
+    _check_kv_cache(*_cache_case(_CACHE_LENS, hq=4, hkv=1, dtype=FP16), softcap=20.0, num_splits=num_splits)
+    sinks = torch.randn(8, device="cuda") * 2
+    _check_kv_cache(*_cache_case(_CACHE_LENS), causal=True, sinks=sinks, num_splits=num_splits)
+    _check_kv_cache(*_cache_case([0, 0, 0], seqlen_q=2, max_len=256), sinks=sinks, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
+def test_kvcache_head_dims(gpu, head_dim):
+    _check_kv_cache(*_cache_case(_CACHE_LENS, seqlen_q=2, d=head_dim), causal=True, num_splits=0)
+
+
+def test_kvcache_split_equals_unsplit(gpu):
+    """Within float32 rounding: O to one unit in the last place of bfloat16,
+    the LSE to float32's; 64 and 128 splits leave the short entries' last
+    splits without a key."""
+    q, k_cache, v_cache, lens, _, _ = _cache_case([2000, 1, 0, 4096, 129], seqlen_q=3, max_len=4096)
+    call = lambda s: flash3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True,  # noqa: E731
+                                                    num_splits=s, return_softmax_lse=True)
+    out, lse = call(1)
+    for splits in (2, 7, 64, 128):
+        o_s, lse_s = call(splits)
+        ulp = out.float().abs().clamp(min=1e-3) * 2.0 ** -7
+        assert bool(((o_s.float() - out.float()).abs() <= ulp).all()), splits
+        assert torch.equal(torch.isinf(lse_s), torch.isinf(lse)), splits
+        finite = ~torch.isinf(lse)
+        assert torch.allclose(lse_s[finite], lse[finite], rtol=1e-5, atol=1e-5), splits
+
+
+def test_kvcache_int_and_absent_seqlens(gpu):
+    q, k_cache, v_cache, _, _, _ = _cache_case([5, 5], max_len=300)
+    whole = flash3.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=1)
+    ref = flash3.flash_attn_func(q, k_cache[:2], v_cache[:2])
+    assert torch.equal(whole, ref)
+    part = flash3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=100, num_splits=1)
+    assert torch.equal(part, flash3.flash_attn_func(q, k_cache[:2, :100], v_cache[:2, :100]))

@@ -525,3 +525,105 @@ def test_make_fx_records_the_operators():
     gm = make_fx(step, tracing_mode="fake")(*qkv(requires_grad=True))
     targets = {n.target for n in gm.graph.nodes}
     assert torch.ops.flash3.fwd.default in targets and torch.ops.flash3.bwd.default in targets
+
+
+# ---- KV cache (decoding) ------------------------------------------------------
+
+
+def cache(b=2, sq=1, batch_cache=3, max_len=300, hq=8, hkv=2, d=128, dtype=BF16, dv=None):
+    """q, k_cache, v_cache and cache_seqlens on meta."""
+    return (meta(b, sq, hq, d, dtype=dtype), meta(batch_cache, max_len, hkv, d, dtype=dtype),
+            meta(batch_cache, max_len, hkv, d if dv is None else dv, dtype=dtype), meta(b, dtype=torch.int32))
+
+
+def _bad_kvcache_calls():
+    q, kc, vc, lens = cache()
+    f = flash3.flash_attn_with_kvcache
+    i32 = torch.int32
+    later = [(name, {name: value}) for name, value in (
+        ("k", meta(2, 1, 2, 128)), ("v", meta(2, 1, 2, 128)), ("rotary_cos", meta(300, 64)),
+        ("rotary_sin", meta(300, 64)), ("page_table", meta(2, 4, dtype=i32)), ("qv", meta(2, 1, 8, 128)),
+        ("cu_seqlens_q", meta(3, dtype=i32)), ("max_seqlen_q", 1), ("rotary_seqlens", meta(2, dtype=i32)),
+        ("q_descale", meta(1, dtype=torch.float32)), ("attention_chunk", 64), ("scheduler_metadata", meta(8)),
+        ("pack_gqa", True), ("sm_margin", 4))]
+    return [
+        *[(f"kvcache {name}", lambda kw=kw: f(q, kc, vc, cache_seqlens=lens, **kw), NotImplementedError, f"{name}:")
+          for name, kw in later],
+        ("kvcache q dims", lambda: f(meta(2, 8, 128), kc, vc), ValueError, "q: must have 4 dims"),
+        ("kvcache k dims", lambda: f(q, meta(3, 300, 256), vc), ValueError, "k_cache: must have 4 dims"),
+        ("kvcache dtype", lambda: f(*cache(dtype=E4M3)[:3]), ValueError, "q: dtype torch.float8_e4m3fn"),
+        ("kvcache k dtype", lambda: f(q, kc.half(), vc), ValueError, "k_cache: dtype must be q's"),
+        ("kvcache head dim", lambda: f(*cache(d=80)[:3]), ValueError, "q: head_dim 80"),
+        ("kvcache k head dim", lambda: f(q, meta(3, 300, 2, 64), vc), ValueError, "k_cache: head_dim must be q's"),
+        ("kvcache v shape", lambda: f(q, kc, meta(3, 299, 2, 128)), ValueError, "v_cache: shape must be k_cache's"),
+        ("kvcache v head dim", lambda: f(q, kc, meta(3, 300, 2, 64)), ValueError, "v_cache: head_dim must be"),
+        ("kvcache gqa", lambda: f(q, meta(3, 300, 3, 128), meta(3, 300, 3, 128)), ValueError,
+         "k_cache: its heads (3)"),
+        ("kvcache device", lambda: f(q, torch.empty(3, 300, 2, 128, dtype=BF16), vc), ValueError,
+         "k_cache: must be on q's device"),
+        ("kvcache seqlens dtype", lambda: f(q, kc, vc, cache_seqlens=meta(2, dtype=torch.int64)), ValueError,
+         "cache_seqlens: must be torch.int32"),
+        ("kvcache seqlens shape", lambda: f(q, kc, vc, cache_seqlens=meta(3, dtype=i32)), ValueError,
+         "cache_seqlens: must be a vector of shape (2,)"),
+        ("kvcache seqlens int", lambda: f(q, kc, vc, cache_seqlens=301), ValueError, "cache_seqlens: must be in"),
+        ("kvcache batch idx", lambda: f(q, kc, vc, cache_batch_idx=meta(2, dtype=torch.int64)), ValueError,
+         "cache_batch_idx: must be torch.int32"),
+        ("kvcache leftpad", lambda: f(q, kc, vc, cache_leftpad=meta(5, dtype=i32)), ValueError, "cache_leftpad:"),
+        ("kvcache small cache", lambda: f(meta(4, 1, 8, 128), kc, vc), ValueError,
+         "k_cache: without cache_batch_idx"),
+        ("kvcache splits", lambda: f(q, kc, vc, num_splits=129), ValueError, "num_splits: must be an int in [0, 128]"),
+        ("kvcache splits type", lambda: f(q, kc, vc, num_splits=True), ValueError, "num_splits"),
+        ("kvcache window", lambda: f(q, kc, vc, window_size=(-2, 0)), ValueError, "window_size"),
+        ("kvcache softcap", lambda: f(q, kc, vc, softcap=-1.0), ValueError, "softcap"),
+        ("kvcache scale", lambda: f(q, kc, vc, softmax_scale=0.0), ValueError, "softmax_scale"),
+        ("kvcache sinks", lambda: f(q, kc, vc, sinks=meta(2)), ValueError, "sinks: must have shape (8,)"),
+    ]
+
+
+_BAD_KVCACHE = _bad_kvcache_calls()
+
+
+@pytest.mark.parametrize("call,exception,text", [c[1:] for c in _BAD_KVCACHE], ids=[c[0] for c in _BAD_KVCACHE])
+def test_bad_kvcache_argument_is_named(call, exception, text, monkeypatch):
+    monkeypatch.setattr(_abi, "load", lambda: pytest.fail("the library was asked for"))
+    with pytest.raises(exception) as info:
+        call()
+    assert text in str(info.value)
+
+
+@pytest.mark.parametrize("sq", [1, 7])
+@pytest.mark.parametrize("dims", [(128, None), (192, 128), (64, None)])
+def test_kvcache_shapes_on_meta(sq, dims):
+    d, dv = dims
+    q, kc, vc, lens = cache(sq=sq, d=d, dv=dv)
+    out = flash3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+    assert out.shape == (2, sq, 8, dv or d) and out.dtype == BF16
+    out, lse = flash3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=5, cache_batch_idx=meta(2, dtype=torch.int32),
+                                              cache_leftpad=meta(2, dtype=torch.int32), causal=True,
+                                              window_size=(10, 0), softcap=5.0, num_splits=3,
+                                              return_softmax_lse=True, sinks=meta(8, dtype=torch.float32))
+    assert out.shape == (2, sq, 8, dv or d) and lse.shape == (2, 8, sq) and lse.dtype == torch.float32
+
+
+def test_kvcache_default_fa3_arguments_are_accepted():
+    q, kc, vc, lens = cache()
+    out = flash3.flash_attn_with_kvcache(q, kc, vc, None, None, None, None, None, lens, None, None, None, None, None,
+                                         None, None, None, None, None, None, False, (-1, -1), 0, 0.0, True, None, 0,
+                                         None, 0, False)
+    assert out.shape == q.shape
+
+
+def test_kvcache_opcheck_on_meta():
+    q, kc, vc, lens = cache()
+    idx = meta(2, dtype=torch.int32)
+    torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default, (q, kc, vc, lens, None, None, 0.125, False, 0))
+    torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default,
+                          (q, kc, vc, lens, idx, idx, 0.125, True, 4, meta(8, dtype=torch.float32), 10, 0, 3.0))
+
+
+def test_kvcache_compile_fullgraph_on_meta():
+    q, kc, vc, lens = cache()
+    fn = torch.compile(lambda q, kc, vc, lens: flash3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens,
+                                                                              causal=True),
+                       fullgraph=True, backend="eager")
+    assert fn(q, kc, vc, lens).shape == q.shape

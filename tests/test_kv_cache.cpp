@@ -1,0 +1,204 @@
+// The KV cache's host side, without a GPU: validate()'s checks of
+// ForwardArgs::kv_cache, the key map, how a tile's key blocks are split, the
+// split scheduler's tiles, and num_splits = 0's choice.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "common/kv_cache.h"
+#include "common/split_scheduler.h"
+#include "expect_invalid.h"
+#include "flash3/flash3.h"
+#include "fwd/kv_split.h"
+#include "valid_args.h"
+
+namespace {
+
+using flash3::BlockRange;
+using flash3::ForwardArgs;
+using flash3::Status;
+
+// A valid decoding call: q [2, 1, 8, 128] against caches of 3 entries of
+// 300 rows (valid_forward_args' K and V, one more entry).
+ForwardArgs valid_cache_args() {
+  ForwardArgs a = flash3::testing::valid_forward_args();
+  a.seqlen_q = 1;
+  a.q = flash3::contiguous<const void*>(a.q.data, 1, a.heads_q, a.head_dim);
+  a.o = flash3::contiguous<void*>(a.o.data, 1, a.heads_q, a.head_dim);
+  a.kv_cache.seqlens = reinterpret_cast<const int32_t*>(0x80000);
+  a.kv_cache.batch_cache = 3;
+  a.kv_cache.num_splits = 0;
+  return a;
+}
+
+void expect_invalid(std::function<void(ForwardArgs&)> const& edit, std::string const& names) {
+  flash3::testing::expect_invalid_args(valid_cache_args(), edit, names);
+}
+
+TEST(KvCacheValidation, ValidArgumentsPass) {
+  EXPECT_TRUE(flash3::validate(valid_cache_args()).ok());
+  ForwardArgs a = valid_cache_args();
+  a.kv_cache.batch_idx = reinterpret_cast<const int32_t*>(0x81000);
+  a.kv_cache.leftpad = reinterpret_cast<const int32_t*>(0x82000);
+  a.kv_cache.batch_cache = 1;  // entries are picked by batch_idx
+  a.causal = true;
+  a.window_left = 100;
+  a.softcap = 30.f;
+  a.seqlen_q = 1;
+  a.kv_cache.num_splits = 128;
+  EXPECT_TRUE(flash3::validate(a).ok());
+}
+
+TEST(KvCacheValidation, FieldsWithoutACache) {
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.seqlens = nullptr; a.kv_cache.batch_cache = 0; a.kv_cache.num_splits = 1;
+                                      a.kv_cache.leftpad = reinterpret_cast<const int32_t*>(0x82000); },
+                 "kv_cache.seqlens");
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.seqlens = nullptr; a.kv_cache.num_splits = 1; }, "kv_cache.batch_cache");
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.seqlens = nullptr; a.kv_cache.batch_cache = 0; }, "kv_cache.num_splits");
+}
+
+TEST(KvCacheValidation, CacheFields) {
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.seqlens = reinterpret_cast<const int32_t*>(0x80002); },
+                 "kv_cache.seqlens");
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.batch_idx = reinterpret_cast<const int32_t*>(0x81001); },
+                 "kv_cache.batch_idx");
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.leftpad = reinterpret_cast<const int32_t*>(0x82003); },
+                 "kv_cache.leftpad");
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.batch_cache = 0; }, "kv_cache.batch_cache");
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.batch_cache = 1; }, "kv_cache.batch_cache");  // batch 2, no batch_idx
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.batch_cache = int64_t(1) << 31; }, "kv_cache.batch_cache");
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.num_splits = -1; }, "kv_cache.num_splits");
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.num_splits = 129; }, "kv_cache.num_splits");
+  expect_invalid([](ForwardArgs& a) { a.seqlen_q = 1 << 20; a.heads_q = 1024; a.heads_kv = 1;
+                                      a.q = flash3::contiguous<const void*>(a.q.data, a.seqlen_q, a.heads_q, a.head_dim);
+                                      a.o = flash3::contiguous<void*>(a.o.data, a.seqlen_q, a.heads_q, a.head_dim);
+                                      a.kv_cache.num_splits = 128; },
+                 "kv_cache.num_splits");
+  expect_invalid([](ForwardArgs& a) {
+    a.varlen.cu_seqlens_q = reinterpret_cast<const int32_t*>(0x90000);
+    a.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(0x91000);
+  }, "varlen.cu_seqlens_q");
+}
+
+// K and V are checked as [batch_cache, seqlen_k, heads_kv, d].
+TEST(KvCacheValidation, CachesAreTensorsOfTheirOwnBatch) {
+  expect_invalid([](ForwardArgs& a) { a.k.data = nullptr; }, "k.data");
+  expect_invalid([](ForwardArgs& a) { a.v.batch_stride = 3; }, "v.batch_stride");
+  ForwardArgs a = valid_cache_args();
+  a.kv_cache.batch_idx = reinterpret_cast<const int32_t*>(0x81000);
+  a.kv_cache.batch_cache = 1;
+  a.k.batch_stride = a.v.batch_stride = 3;  // one entry: its batch stride is never used
+  EXPECT_TRUE(flash3::validate(a).ok());
+}
+
+TEST(KvCacheValidation, UnsupportedCombinations) {
+  ForwardArgs a = valid_cache_args();
+  a.options.pingpong = false;
+  EXPECT_EQ(flash3::validate(a).code(), Status::Code::kUnsupported);
+  a = valid_cache_args();
+  a.options.persistent = false;
+  Status const s = flash3::validate(a);
+  EXPECT_EQ(s.code(), Status::Code::kUnsupported);
+  EXPECT_EQ(s.message().rfind("kv_cache", 0), 0u) << s.message();
+}
+
+TEST(KvCacheValidation, ForwardRejectsBeforeTouchingTheDevice) {
+  ForwardArgs a = valid_cache_args();
+  a.kv_cache.num_splits = 500;
+  EXPECT_EQ(flash3::forward(a, nullptr).code(), Status::Code::kInvalidArgument);
+}
+
+TEST(KvCacheMap, KeysOfEachEntry) {
+  int32_t const seqlens[] = {10, 0, 5, 7};
+  int32_t const leftpad[] = {3, 0, 9, 7};
+  int32_t const idx[] = {2, 0, 1, 3};
+  flash3::KvCacheMap const plain{seqlens};
+  EXPECT_EQ(plain.kv_batch(2), 2);
+  EXPECT_EQ(plain.first_key(2), 0);
+  EXPECT_EQ(plain.keys(0), 10);
+  flash3::KvCacheMap const padded{seqlens, idx, leftpad};
+  EXPECT_EQ(padded.kv_batch(0), 2);
+  EXPECT_EQ(padded.first_key(0), 3);
+  EXPECT_EQ(padded.keys(0), 7);
+  EXPECT_EQ(padded.keys(2), 0);  // a leftpad past the length: no key, not a negative count
+  EXPECT_EQ(padded.keys(3), 0);
+}
+
+// The splits of a tile's range are contiguous, disjoint and cover it, in
+// order; splits past the blocks are empty.
+TEST(KvSplit, SplitsCoverTheTileRange) {
+  for (int lo : {0, 3}) {
+    for (int blocks : {0, 1, 5, 8, 100}) {
+      for (int splits : {1, 2, 3, 7, 8, 64, 128}) {
+        BlockRange const tile{lo, lo + blocks, lo + blocks - 1};
+        int next = lo;
+        for (int s = 0; s < splits; ++s) {
+          BlockRange const r = flash3::split_block_range(tile, s, splits);
+          EXPECT_EQ(r.n_block_mask, tile.n_block_mask);
+          if (r.empty()) continue;
+          EXPECT_EQ(r.n_block_min, next) << lo << " " << blocks << " " << splits << " " << s;
+          EXPECT_LE(r.n_block_max - r.n_block_min, (blocks + splits - 1) / splits);
+          next = r.n_block_max;
+        }
+        EXPECT_EQ(next, lo + blocks) << lo << " " << blocks << " " << splits;
+      }
+    }
+  }
+}
+
+TEST(KvSplit, WarpgroupRangeWithinASplit) {
+  BlockRange const split{4, 8, 9};
+  BlockRange r = flash3::within_split({0, 6, 5}, split);
+  EXPECT_EQ(r.n_block_min, 4);
+  EXPECT_EQ(r.n_block_max, 6);
+  EXPECT_EQ(r.n_block_mask, 5);
+  EXPECT_TRUE(flash3::within_split({0, 3, 2}, split).empty());   // rows' keys all below the split
+  EXPECT_TRUE(flash3::within_split({9, 12, 12}, split).empty());  // a window's rows above it
+  EXPECT_FALSE(flash3::within_split({0, 20, 20}, split).empty());
+}
+
+// Every (m_block, head, batch, split) once.
+TEST(KvSplit, SchedulerTilesAreEachOnce) {
+  for (int splits : {1, 3, 8}) {
+    flash3::TileOrder const order = flash3::TileOrder::make(2 * splits, 5, 3, 1 << 20, 50 << 20, false, 132);
+    std::set<std::tuple<int, int, int, int>> seen;
+    for (int t = 0; t < order.num_tiles(); ++t) {
+      flash3::TileCoord const c = flash3::split_tile(order, splits, t);
+      EXPECT_GE(c.m_block, 0);
+      EXPECT_LT(c.m_block, 2);
+      EXPECT_LT(c.split, splits);
+      seen.insert({c.m_block, c.head, c.batch, c.split});
+    }
+    EXPECT_EQ(int(seen.size()), 2 * 5 * 3 * splits);
+  }
+}
+
+TEST(KvSplit, Heuristic) {
+  // Enough tiles already: no split.
+  EXPECT_EQ(flash3::choose_num_splits(132, 1000, 132), 1);
+  EXPECT_EQ(flash3::choose_num_splits(106, 1000, 132), 1);
+  // Decoding, batch 1, 32 query heads, 128k keys (1024 blocks): 4 waves' worth fill 128 of 132 SMs.
+  EXPECT_EQ(flash3::choose_num_splits(32, 1024, 132), 4);
+  // Few key blocks: at least kMinBlocksPerSplit each.
+  EXPECT_EQ(flash3::choose_num_splits(8, 8, 132), 2);
+  EXPECT_EQ(flash3::choose_num_splits(8, 3, 132), 1);
+  // One tile of a long sequence: up to the SMs and kMaxSplits.
+  int const one = flash3::choose_num_splits(1, 100000, 132);
+  EXPECT_GT(one, 64);
+  EXPECT_LE(one, flash3::kMaxSplits);
+  // Nothing to split.
+  EXPECT_EQ(flash3::choose_num_splits(0, 100, 132), 1);
+  EXPECT_EQ(flash3::choose_num_splits(10, 0, 132), 1);
+  for (int tiles = 1; tiles < 200; tiles += 7) {
+    for (int blocks : {1, 4, 9, 64, 1000, 5000}) {
+      int const s = flash3::choose_num_splits(tiles, blocks, 132);
+      EXPECT_GE(s, 1);
+      EXPECT_LE(s, std::max(1, blocks / flash3::kMinBlocksPerSplit));
+      EXPECT_LE(s, flash3::kMaxSplits);
+    }
+  }
+}
+
+}  // namespace
