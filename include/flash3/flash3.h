@@ -155,6 +155,20 @@ struct Varlen {
 // cache rows there, up to the block's end or seqlen_k, must be finite (a
 // zero-initialised cache is). bf16 and fp16, every KernelOption on.
 //
+// A paged cache (FlashAttention's page_table): k and v are a pool of pages,
+// [batch_cache pages, page_size, heads_kv, head_dim] (v: head_dim_v), and
+// key j of batch entry b is row j % page_size of page page_table[b *
+// page_table_stride + j / page_size]. page_table is int32 [batch,
+// max_pages_per_seq] in device memory, its columns contiguous; seqlen_k is an
+// entry's capacity, max_pages_per_seq * page_size; page_size is a multiple
+// of 16. The table is trusted, not read on the host: an entry's pages must
+// hold its seqlens[b] keys, and only the columns that do are read. A page
+// out of [0, batch_cache) reads as zeros (the loads are bounded by the
+// pool), never memory outside it. Rows past seqlens[b] are read (masked)
+// up to the end of the last key's 16-row group only: they must be finite.
+// No batch_idx and no leftpad with a page table (as FlashAttention): a table
+// row is its entry's.
+//
 // Split-KV: when batch x heads_q x query blocks cannot fill the GPU, each
 // tile's key blocks are split into num_splits contiguous runs over CTAs,
 // whose float32 partial O and LSE (stream-ordered scratch memory, allocated
@@ -166,8 +180,11 @@ struct KvCache {
   const int32_t* seqlens = nullptr;    // cache_seqlens; nullptr: no KV cache (the other fields unused)
   const int32_t* batch_idx = nullptr;  // cache_batch_idx, optional
   const int32_t* leftpad = nullptr;    // cache_leftpad, optional
-  int64_t batch_cache = 0;             // the caches' batch entries
+  int64_t batch_cache = 0;             // the caches' batch entries (paged: pages)
   int64_t num_splits = 1;
+  const int32_t* page_table = nullptr;  // paged cache, optional
+  int64_t page_table_stride = 0;        // elements between page_table's rows
+  int64_t page_size = 0;                // a page's rows (with page_table only)
 };
 
 struct ForwardArgs {

@@ -62,6 +62,9 @@ class KvCache(ctypes.Structure):
         ("leftpad", ctypes.c_void_p),
         ("batch_cache", ctypes.c_int64),
         ("num_splits", ctypes.c_int64),
+        ("page_table", ctypes.c_void_p),
+        ("page_table_stride", ctypes.c_int64),
+        ("page_size", ctypes.c_int64),
     ]
 
 

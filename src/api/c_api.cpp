@@ -108,7 +108,8 @@ constexpr Field kVarlen[] = {FLASH3_FIELD(Varlen, cu_seqlens_q), FLASH3_FIELD(Va
 
 constexpr Field kKvCache[] = {FLASH3_FIELD(KvCache, seqlens), FLASH3_FIELD(KvCache, batch_idx),
                               FLASH3_FIELD(KvCache, leftpad), FLASH3_FIELD(KvCache, batch_cache),
-                              FLASH3_FIELD(KvCache, num_splits)};
+                              FLASH3_FIELD(KvCache, num_splits), FLASH3_FIELD(KvCache, page_table),
+                              FLASH3_FIELD(KvCache, page_table_stride), FLASH3_FIELD(KvCache, page_size)};
 
 constexpr Field kKernelOptions[] = {FLASH3_FIELD(KernelOptions, pingpong),
                                     FLASH3_FIELD(KernelOptions, intra_warpgroup_overlap),
@@ -171,7 +172,7 @@ static_assert(ends_at<ConstTensor>(offsetof(ConstTensor, dim_stride), sizeof(int
 static_assert(ends_at<Fp8Scales>(offsetof(Fp8Scales, out_dtype), sizeof(flash3::DType)));
 static_assert(ends_at<KernelOptions>(offsetof(KernelOptions, warp_specialization), sizeof(bool)));
 static_assert(ends_at<Varlen>(offsetof(Varlen, total_k), sizeof(int64_t)));
-static_assert(ends_at<KvCache>(offsetof(KvCache, num_splits), sizeof(int64_t)));
+static_assert(ends_at<KvCache>(offsetof(KvCache, page_size), sizeof(int64_t)));
 static_assert(ends_at<ForwardArgs>(offsetof(ForwardArgs, kv_cache), sizeof(KvCache)));
 static_assert(ends_at<BackwardArgs>(offsetof(BackwardArgs, head_dim_v), sizeof(int64_t)));
 static_assert(ends_at<QuantizeArgs>(offsetof(QuantizeArgs, seed), sizeof(uint64_t)));

@@ -8,6 +8,7 @@
 
 #include "api/checks.h"
 #include "common/head_dims.h"
+#include "common/kv_cache.h"
 #include "common/mask.h"
 #include "flash3/flash3.h"
 #include "fwd/kv_split.h"
@@ -84,6 +85,38 @@ Status check_varlen(ForwardArgs const& a) {
   return Status();
 }
 
+// A paged cache's host-side fields (the table itself is trusted): boxes of
+// 16 rows load its keys (common/kv_cache.h), so pages are whole boxes and an
+// entry's keys start at a page's first row (no leftpad). Without a table its
+// fields must be left unset, so that a caller who meant a paged cache does
+// not get a contiguous one.
+Status check_page_table(ForwardArgs const& a) {
+  KvCache const& c = a.kv_cache;
+  if (c.page_table == nullptr) {
+    if (c.page_size != 0) return invalid("kv_cache.page_size: set without kv_cache.page_table");
+    if (c.page_table_stride != 0) return invalid("kv_cache.page_table_stride: set without kv_cache.page_table");
+    return Status();
+  }
+  if (c.page_size < PagedBoxes::kRows || c.page_size % PagedBoxes::kRows != 0 || c.page_size > checks::kMaxExtent) {
+    return invalid("kv_cache.page_size: must be a positive multiple of " + std::to_string(PagedBoxes::kRows) +
+                   " below 2^31, got " + std::to_string(c.page_size));
+  }
+  if (a.seqlen_k % c.page_size != 0) {
+    return invalid("seqlen_k: a paged entry's capacity, max_pages_per_seq * page_size: must be a multiple of "
+                   "kv_cache.page_size (" + std::to_string(c.page_size) + "), got " + std::to_string(a.seqlen_k));
+  }
+  if (c.page_table_stride < 0) {
+    return invalid("kv_cache.page_table_stride: must not be negative, got " + std::to_string(c.page_table_stride));
+  }
+  if (c.batch_idx != nullptr) {
+    return invalid("kv_cache.batch_idx: a paged cache takes none (row b of page_table is entry b's)");
+  }
+  if (c.leftpad != nullptr) {
+    return invalid("kv_cache.leftpad: a paged cache takes none (an entry's keys start at its first page's row 0)");
+  }
+  return Status();
+}
+
 // A KV cache's host-side fields (its device arrays are trusted): without
 // kv_cache.seqlens the others must be left unset, so that a caller who meant
 // a cache call does not get a plain one.
@@ -94,6 +127,8 @@ Status check_kv_cache(ForwardArgs const& a) {
       return invalid("kv_cache.seqlens: null pointer, but kv_cache.batch_idx or kv_cache.leftpad given");
     }
     if (c.batch_cache != 0) return invalid("kv_cache.batch_cache: set without kv_cache.seqlens");
+    if (c.page_table != nullptr) return invalid("kv_cache.page_table: given without kv_cache.seqlens");
+    if (Status s = check_page_table(a); !s.ok()) return s;
     if (c.num_splits != 1) {
       return invalid("kv_cache.num_splits: split-KV runs with a KV cache (kv_cache.seqlens), got num_splits " +
                      std::to_string(c.num_splits));
@@ -101,13 +136,14 @@ Status check_kv_cache(ForwardArgs const& a) {
     return Status();
   }
   for (auto const& [name, p] : {std::pair{"kv_cache.seqlens", c.seqlens}, std::pair{"kv_cache.batch_idx", c.batch_idx},
-                                std::pair{"kv_cache.leftpad", c.leftpad}}) {
+                                std::pair{"kv_cache.leftpad", c.leftpad}, std::pair{"kv_cache.page_table", c.page_table}}) {
     if (reinterpret_cast<uintptr_t>(p) % alignof(int32_t) != 0) return invalid(std::string(name) + ": must be 4-byte aligned");
   }
   if (c.batch_cache < 1 || c.batch_cache > checks::kMaxExtent) {
     return invalid("kv_cache.batch_cache: must be in [1, 2^31), got " + std::to_string(c.batch_cache));
   }
-  if (c.batch_idx == nullptr && c.batch_cache < a.batch) {
+  if (Status s = check_page_table(a); !s.ok()) return s;
+  if (c.page_table == nullptr && c.batch_idx == nullptr && c.batch_cache < a.batch) {
     return invalid("kv_cache.batch_cache: without kv_cache.batch_idx entry b reads cache entry b, so it must be at "
                    "least batch (" + std::to_string(a.batch) + "), got " + std::to_string(c.batch_cache));
   }
@@ -156,14 +192,17 @@ Status validate(ForwardArgs const& a) {
   bool const packed = a.varlen.cu_seqlens_q != nullptr;
   if (Status s = check_varlen(a); !s.ok()) return s;
   if (Status s = check_kv_cache(a); !s.ok()) return s;
-  // A KV cache's K and V have entries of their own.
+  // A KV cache's K and V have entries of their own; a paged cache's are
+  // pages of page_size rows.
   int64_t const kv_entries = a.kv_cache.seqlens != nullptr ? a.kv_cache.batch_cache : packed ? 1 : a.batch;
+  bool const paged = a.kv_cache.seqlens != nullptr && a.kv_cache.page_table != nullptr;
   if (a.batch == 0 || a.seqlen_q == 0 || (packed && a.varlen.total_q == 0)) return Status();  // nothing to write
   int64_t const in_bytes = element_bytes(a.dtype);
   int64_t const out_bytes = element_bytes(fp8 ? a.fp8.out_dtype : a.dtype);
   // Packed sequences: one batch entry of total rows.
   int64_t const entries = packed ? 1 : a.batch;
-  int64_t const rows_q = packed ? a.varlen.total_q : a.seqlen_q, rows_k = packed ? a.varlen.total_k : a.seqlen_k;
+  int64_t const rows_q = packed ? a.varlen.total_q : a.seqlen_q;
+  int64_t const rows_k = packed ? a.varlen.total_k : paged ? a.kv_cache.page_size : a.seqlen_k;
   if (Status s = checks::tensor("q", a.q, entries, rows_q, a.heads_q, a.head_dim, in_bytes); !s.ok()) return s;
   int64_t const head_dim_v = head_dim_v_of(a);
   if (Status s = checks::output("o", a.o, entries, rows_q, a.heads_q, head_dim_v, out_bytes); !s.ok()) return s;

@@ -8,7 +8,10 @@
 // fwd/variants.h's table builds its ablation rows at head dim 128 only. A KV
 // cache call (ForwardArgs::kv_cache) runs the rows' KV cache kernels
 // (Variant::kv_cache_built): split or not by its number of splits, masked
-// by the window kernel when it has a causal mask or a window.
+// by the window kernel when it has a causal mask or a window. A paged cache
+// is a run-time option of the same kernels (kv_cache.page_table: the
+// producer loads a block as 16-row boxes, Mainloop::Loads::boxes), so it
+// adds no kernel.
 #pragma once
 
 #include <string>

@@ -66,17 +66,21 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
                                 a.varlen.seqused_k};
   int64_t const rows_q = packed ? a.varlen.total_q : a.seqlen_q, rows_k = packed ? a.varlen.total_k : a.seqlen_k;
   int64_t const entries = packed ? 1 : a.batch;
-  // A KV cache's K and V have entries of their own (cache_batch_idx picks one).
+  // A KV cache's K and V have entries of their own (cache_batch_idx picks
+  // one); a paged cache's are its pages, of page_size rows.
   int64_t const kv_entries = Traits::kKvCache ? a.kv_cache.batch_cache : entries;
-  KvCacheMap const cache{a.kv_cache.seqlens, a.kv_cache.batch_idx, a.kv_cache.leftpad};
+  bool const paged = Traits::kKvCache && a.kv_cache.page_table != nullptr;
+  int64_t const kv_rows = paged ? a.kv_cache.page_size : rows_k;
+  KvCacheMap const cache{a.kv_cache.seqlens,    a.kv_cache.batch_idx,         a.kv_cache.leftpad,
+                         a.kv_cache.page_table, a.kv_cache.page_table_stride, int(a.kv_cache.page_size)};
   int const row_offset =
       packed ? 0 : first_tile_row_offset(a.seqlen_q, Traits::kBlockM, Traits::kPartialTileFirst);
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim, kHeadDimV = Traits::kHeadDimV;
   params.mainloop = KernelT::MainloopT::make_params(
       gmem_tensor<kHeadDim, Element>(a.q, rows_q, a.heads_q, entries),
-      gmem_tensor<kHeadDim, Element>(a.k, rows_k, a.heads_kv, kv_entries),
-      gmem_tensor<kHeadDimV, Element>(a.v, rows_k, a.heads_kv, kv_entries), int(a.heads_q / a.heads_kv),
+      gmem_tensor<kHeadDim, Element>(a.k, kv_rows, a.heads_kv, kv_entries),
+      gmem_tensor<kHeadDimV, Element>(a.v, kv_rows, a.heads_kv, kv_entries), int(a.heads_q / a.heads_kv),
       int(a.seqlen_q), int(a.seqlen_k), lengths, row_offset,
       window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k), scale, softcap_of(a.softcap, scale),
       q_scale, k_scale, v_scale, cache, partials.num_splits);

@@ -71,6 +71,53 @@ struct Mainloop {
                                       select<1, 2>(TileShapeQK{}), _1{}));
   using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorV{}, take<0, 2>(SmemLayoutV{}), TileShapeV{}, _1{}));
 
+  // A paged cache's K and V blocks load as boxes of PagedBoxes::kRows rows
+  // (common/kv_cache.h) from the page pool viewed as (page_size, d, heads,
+  // pages). A box is the stage's layout restricted to its rows, which is
+  // the same layout at an offset for every box (checked below): the swizzle
+  // atoms are 8 rows, so a box holds whole atoms and starts on one.
+  static constexpr int kBoxRows = PagedBoxes::kRows;
+  static_assert(kBlockN % kBoxRows == 0, "a key block is whole boxes");
+  template <int kDim>
+  using BoxShape = Shape<Int<kBoxRows>, Int<kDim>>;
+  template <class StageLayout, int kDim>
+  using BoxLayout = decltype(composition(StageLayout{}, make_tile(Layout<Int<kBoxRows>>{}, Layout<Int<kDim>>{})));
+  using SmemLayoutKBox = BoxLayout<decltype(take<0, 2>(SmemLayoutK{})), kHeadDim>;
+  using SmemLayoutVBox = BoxLayout<decltype(take<0, 2>(SmemLayoutV{})), Traits::kHeadDimV>;
+  template <class StageLayout, int kDim>
+  static constexpr bool boxes_are_shifted_copies() {
+    StageLayout const stage{};
+    for (int box = 1; box < kBlockN / kBoxRows; ++box) {
+      int const shift = int(stage(box * kBoxRows, 0)) - int(stage(0, 0));
+      for (int r = 0; r < kBoxRows; ++r) {
+        for (int c = 0; c < kDim; c += 8) {
+          if (int(stage(box * kBoxRows + r, c)) != int(stage(r, c)) + shift) return false;
+        }
+      }
+    }
+    return true;
+  }
+  struct NoBoxes {};
+  using TmaKBox = std::conditional_t<Traits::kKvCache,
+                                     decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKBox{},
+                                                            BoxShape<kHeadDim>{}, _1{})),
+                                     NoBoxes>;
+  using TmaVBox = std::conditional_t<Traits::kKvCache,
+                                     decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorV{}, SmemLayoutVBox{},
+                                                            BoxShape<Traits::kHeadDimV>{}, _1{})),
+                                     NoBoxes>;
+  static_assert(!Traits::kKvCache || (boxes_are_shifted_copies<decltype(take<0, 2>(SmemLayoutK{})), kHeadDim>() &&
+                                      boxes_are_shifted_copies<decltype(take<0, 2>(SmemLayoutV{})), Traits::kHeadDimV>()),
+                "a paged cache's boxes are not the stage's layout at an offset");
+  template <class Box, class Layout, int kDim, class G>
+  static Box box_tma(G const& g) {
+    if constexpr (Traits::kKvCache) {
+      return make_tma_copy(SM90_TMA_LOAD{}, g, Layout{}, BoxShape<kDim>{}, _1{});
+    } else {
+      return {};
+    }
+  }
+
   // Bytes of one TMA load of Q, of a K block and of a V block.
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
@@ -83,6 +130,8 @@ struct Mainloop {
     TmaQ tma_q;
     TmaK tma_k;
     TmaV tma_v;
+    TmaKBox tma_k_box;  // a KV cache's: a paged cache's boxes
+    TmaVBox tma_v_box;
     GmemShape shape_q;
     GmemShape shape_k;
     int head_group;  // heads_q / heads_kv: query heads sharing one K/V head
@@ -138,6 +187,8 @@ struct Mainloop {
     return {make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(SmemLayoutQ{}), select<0, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}),
             make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(SmemLayoutV{}), TileShapeV{}, _1{}),
+            box_tma<TmaKBox, SmemLayoutKBox, kHeadDim>(k),
+            box_tma<TmaVBox, SmemLayoutVBox, Traits::kHeadDimV>(v),
             q.shape(),
             k.shape(),
             head_group,
@@ -160,6 +211,12 @@ struct Mainloop {
     cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+    if constexpr (Traits::kKvCache) {
+      if (p.cache.paged()) {
+        cute::prefetch_tma_descriptor(p.tma_k_box.get_tma_descriptor());
+        cute::prefetch_tma_descriptor(p.tma_v_box.get_tma_descriptor());
+      }
+    }
   }
 
   // ---------------------------------------------------------------- producer
@@ -216,38 +273,70 @@ struct Mainloop {
       ++write_q;
     }
     CUTE_DEVICE void k(int n_block) const {
-      block(p.tma_k, p.shape_k, smem.k.data(), SmemLayoutK{}, pipeline_k, write_k, n_block);
+      block(p.tma_k, p.tma_k_box, p.shape_k, smem.k.data(), SmemLayoutK{}, pipeline_k, write_k, n_block);
     }
     CUTE_DEVICE void v(int n_block) const {
-      block(p.tma_v, Traits::shape_v(p.shape_k), smem.v.data(), SmemLayoutV{}, pipeline_v, write_v, n_block);
+      block(p.tma_v, p.tma_v_box, Traits::shape_v(p.shape_k), smem.v.data(), SmemLayoutV{}, pipeline_v, write_v,
+            n_block);
     }
 
-    // A block of K or V, of the head dim of `shape`.
-    template <class Tma, class GShape, class Layout, class Pipeline>
-    CUTE_DEVICE void block(Tma const& tma, GShape const& shape, Element* buffer, Layout layout, Pipeline& pipeline,
-                           PipelineState& write, int n_block) const {
+    // A block of K or V, of the head dim of `shape`: one load, or a paged
+    // cache's boxes.
+    template <class Tma, class TmaBox, class GShape, class Layout, class Pipeline>
+    CUTE_DEVICE void block(Tma const& tma, TmaBox const& tma_box, GShape const& shape, Element* buffer, Layout layout,
+                           Pipeline& pipeline, PipelineState& write, int n_block) const {
       pipeline.producer_acquire(write);
       if (leader) {
-        auto const tile_shape = make_shape(Int<kBlockN>{}, get<1>(shape));
-        // A packed sequence's last block reads the next one's first keys,
-        // a KV cache's the rows past its cache_seqlens, which the mask hides
-        // (seq_k).
-        Tensor g = [&] {
-          if constexpr (Traits::kPacked || Traits::kKvCache) {
-            return local_tile(domain_offset(make_coord(p.first_k(tile.batch), _0{}),
-                                            tma.get_tma_tensor(shape)(_, _, head_kv, p.kv_batch(tile.batch))),
-                              tile_shape, make_coord(n_block, _0{}));
-          } else {
-            return local_tile(tma.get_tma_tensor(shape)(_, _, head_kv, tile.batch), tile_shape,
-                              make_coord(n_block, _0{}));
-          }
-        }();
-        Tensor s = make_tensor(make_smem_ptr(buffer), layout);  // (N, d or dv, stages)
-        auto slice = tma.get_slice(_0{});
-        copy(tma.with(*pipeline.producer_get_barrier(write)), slice.partition_S(g),
-             slice.partition_D(s)(_, _, _, write.index()));
+        bool paged = false;
+        if constexpr (Traits::kKvCache) {
+          paged = p.cache.paged();
+          if (paged) boxes(tma_box, shape, buffer, layout, *pipeline.producer_get_barrier(write), write.index(), n_block);
+        }
+        if (!paged) whole(tma, shape, buffer, layout, *pipeline.producer_get_barrier(write), write.index(), n_block);
       }
       ++write;
+    }
+
+    template <class Tma, class GShape, class Layout, class Barrier>
+    CUTE_DEVICE void whole(Tma const& tma, GShape const& shape, Element* buffer, Layout layout, Barrier& barrier,
+                           int stage, int n_block) const {
+      auto const tile_shape = make_shape(Int<kBlockN>{}, get<1>(shape));
+      // A packed sequence's last block reads the next one's first keys,
+      // a KV cache's the rows past its cache_seqlens, which the mask hides
+      // (seq_k).
+      Tensor g = [&] {
+        if constexpr (Traits::kPacked || Traits::kKvCache) {
+          return local_tile(domain_offset(make_coord(p.first_k(tile.batch), _0{}),
+                                          tma.get_tma_tensor(shape)(_, _, head_kv, p.kv_batch(tile.batch))),
+                            tile_shape, make_coord(n_block, _0{}));
+        } else {
+          return local_tile(tma.get_tma_tensor(shape)(_, _, head_kv, tile.batch), tile_shape,
+                            make_coord(n_block, _0{}));
+        }
+      }();
+      Tensor s = make_tensor(make_smem_ptr(buffer), layout);  // (N, d or dv, stages)
+      auto slice = tma.get_slice(_0{});
+      copy(tma.with(barrier), slice.partition_S(g), slice.partition_D(s)(_, _, _, stage));
+    }
+
+    // kBlockN / kBoxRows boxes, each from its page of the pool (page -1 past
+    // the entry's keys: zeros), all counted by the stage's transaction
+    // barrier, whose byte count is the whole block's as for one load.
+    template <class TmaBox, class GShape, class Layout, class Barrier>
+    CUTE_DEVICE void boxes(TmaBox const& tma, GShape const& shape, Element* buffer, Layout layout, Barrier& barrier,
+                           int stage, int n_block) const {
+      auto const box_shape = make_shape(Int<kBoxRows>{}, get<1>(shape));
+      Tensor pool = tma.get_tma_tensor(shape)(_, _, head_kv, _);  // (page_size, d or dv, pages)
+      Tensor s = make_tensor(make_smem_ptr(buffer), layout)(_, _, stage);  // (N, d or dv)
+      auto slice = tma.get_slice(_0{});
+      PagedBoxes walk(p.cache, tile.batch, n_block * kBlockN);
+      CUTE_UNROLL
+      for (int box = 0; box < kBlockN / kBoxRows; ++box) {
+        Tensor g = local_tile(pool(_, _, walk.page()), box_shape, make_coord(walk.row / kBoxRows, _0{}));
+        copy(tma.with(barrier), slice.partition_S(g),
+             slice.partition_D(local_tile(s, box_shape, make_coord(box, _0{}))));
+        walk.next();
+      }
     }
   };
 
