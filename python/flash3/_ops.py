@@ -39,7 +39,7 @@ _pack_quantize = _abi.packer(_abi.QuantizeArgs).pack_into
 _ALL_ON = (True, True, True, True)  # KernelOptions: flash3.h's defaults
 _NO_FP8 = (0, 0, 0, 0, 0)  # Fp8Scales of a bf16/fp16 call
 _NO_VARLEN = (0, 0, 0, 0, 0, 0)  # Varlen of a fixed-length batch
-_NO_KV_CACHE = (0, 0, 0, 0, 1)  # KvCache of a call without one (num_splits 1)
+_NO_KV_CACHE = (0, 0, 0, 0, 1, 0, 0, 0)  # KvCache of a call without one (num_splits 1)
 # The mask policy's scalars, (window_left, window_right, softcap) in
 # flash3.h's order: no window, no softcap.
 _NO_MASK = (-1, -1, 0.0)
@@ -517,17 +517,23 @@ def _index_ptr(t):
 
 
 def kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, counter, cache, sinks=None,
-                         mask=_NO_MASK):
+                         mask=_NO_MASK, page_table=None):
     """ForwardArgs of a KV cache call; cache is (cache_seqlens, cache_batch_idx,
-    cache_leftpad, num_splits), the index tensors int32 [batch] or None."""
+    cache_leftpad, num_splits), the index tensors int32 [batch] or None;
+    page_table int32 [batch, max_pages_per_seq] (columns contiguous) makes the
+    caches a pool of pages [num_pages, page_size, ...]."""
     seqlens, batch_idx, leftpad, num_splits = cache
     args = _abi.ForwardArgs()
     b, sq, hq, d = q.shape
     ks = k_cache.shape
-    _pack_forward(args, 0, DTYPES[q.dtype], b, sq, ks[1], hq, ks[2], d, *_ref(q), *_ref(k_cache), *_ref(v_cache),
+    if page_table is None:
+        capacity, paged = ks[1], (0, 0, 0)
+    else:
+        capacity, paged = page_table.shape[1] * ks[1], (page_table.data_ptr(), page_table.stride(0), ks[1])
+    _pack_forward(args, 0, DTYPES[q.dtype], b, sq, capacity, hq, ks[2], d, *_ref(q), *_ref(k_cache), *_ref(v_cache),
                   *_ref(out), 0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
                   _index_ptr(sinks), *_NO_FP8, *_NO_VARLEN, *_ALL_ON, _index_ptr(counter), v_cache.shape[-1],
-                  seqlens.data_ptr(), _index_ptr(batch_idx), _index_ptr(leftpad), ks[0], num_splits)
+                  seqlens.data_ptr(), _index_ptr(batch_idx), _index_ptr(leftpad), ks[0], num_splits, *paged)
     return args
 
 
@@ -535,7 +541,8 @@ def kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, c
 def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
                           cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor], softmax_scale: float,
                           causal: bool, num_splits: int, sinks: Optional[Tensor] = None, window_left: int = -1,
-                          window_right: int = -1, softcap: float = 0.0) -> Tuple[Tensor, Tensor]:
+                          window_right: int = -1, softcap: float = 0.0,
+                          page_table: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     lib = _abi.load()
     q, k_cache, v_cache = _head_dim_contiguous(q), _head_dim_contiguous(k_cache), _head_dim_contiguous(v_cache)
     out, lse = _forward_outputs(q, v_cache, q.dtype)
@@ -544,7 +551,7 @@ def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seq
     _run(lib.forward,
          kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, counter,
                               (cache_seqlens, cache_batch_idx, cache_leftpad, num_splits), sinks,
-                              (window_left, window_right, softcap)),
+                              (window_left, window_right, softcap), page_table),
          _raw_stream(index), "forward")
     return out, lse
 
@@ -555,7 +562,7 @@ kvcache_fwd = torch.library.custom_op("flash3::kvcache_fwd", _kvcache_forward_im
 
 @kvcache_fwd.register_fake
 def _kvcache_forward_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale, causal,
-                          num_splits, sinks=None, window_left=-1, window_right=-1, softcap=0.0):
+                          num_splits, sinks=None, window_left=-1, window_right=-1, softcap=0.0, page_table=None):
     return _forward_outputs(q, v_cache, q.dtype)
 
 

@@ -455,6 +455,28 @@ def _checked_cache_seqlens(cache_seqlens, batch, max_len, device):
     return _checked_index_tensor("cache_seqlens", cache_seqlens, batch, device)
 
 
+_PAGE_ROWS = 16  # a paged cache's pages are whole 16-row TMA boxes (src/common/kv_cache.h)
+
+
+def _checked_page_table(page_table, batch, k_cache, device):
+    """page_table as the kernels read it: int32 [batch, max_pages_per_seq] on
+    q's device, columns contiguous; k_cache's page_size a multiple of 16."""
+    if not isinstance(page_table, torch.Tensor):
+        raise ValueError(f"page_table: must be a torch.Tensor, got {type(page_table).__name__}")
+    if page_table.dtype != torch.int32:
+        raise ValueError(f"page_table: must be torch.int32, got {page_table.dtype}")
+    if page_table.dim() != 2 or page_table.shape[0] != batch or page_table.shape[1] == 0:
+        raise ValueError(f"page_table: must have shape (batch, max_pages_per_seq) = ({batch}, n >= 1), "
+                         f"got shape {tuple(page_table.shape)}")
+    if page_table.device != device:
+        raise ValueError(f"page_table: must be on q's device {device}, got {page_table.device}")
+    page_size = k_cache.shape[1]
+    if page_size == 0 or page_size % _PAGE_ROWS != 0:
+        raise ValueError(f"page_size: k_cache's dim 1 with a page_table, its pages' rows, must be a positive multiple "
+                         f"of {_PAGE_ROWS}, got {page_size}")
+    return page_table if page_table.stride(1) == 1 else page_table.contiguous()
+
+
 def _checked_num_splits(num_splits):
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or not 0 <= num_splits <= 128:
         raise ValueError(f"num_splits: must be an int in [0, 128] (0: chosen by flash3, 1: no split), "
@@ -469,8 +491,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
                             scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
                             return_softmax_lse=False, *, sinks=None):
-    """Attention of q against a KV cache (decoding), as FlashAttention-3's,
-    contiguous cache only.
+    """Attention of q against a KV cache (decoding), as FlashAttention-3's.
 
     q: [batch, seqlen_q, heads_q, head_dim], seqlen_q from 1; k_cache:
     [batch_cache, max_len, heads_kv, head_dim], v_cache: [batch_cache,
@@ -483,6 +504,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     are aligned to the bottom right of each entry's keys (query i sees keys up
     to cache_seqlens[b] - seqlen_q + i); softcap and sinks as in
     flash_attn_func.
+
+    Paged cache: with page_table (int32 [batch, max_pages_per_seq]), k_cache
+    and v_cache are a pool of pages, [num_pages, page_size, heads_kv,
+    head_dim], page_size a multiple of 16, and key j of entry b is row
+    j % page_size of page page_table[b, j // page_size]; an entry holds up to
+    max_pages_per_seq * page_size keys (cache_seqlens None: all of them).
+    Only the table's columns that hold an entry's keys are read; a page
+    outside [0, num_pages) reads as zeros. No cache_batch_idx and no
+    cache_leftpad with a page_table (as FlashAttention).
 
     The index tensors live on the device and are trusted, not read here:
     0 <= cache_leftpad[b], cache_seqlens[b] <= max_len, 0 <=
@@ -499,24 +529,29 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     log-sum-exp of each row (+inf for a row that sees no key, without sinks).
     Not differentiable (inference).
 
-    k, v (append), rotary_cos, rotary_sin, rotary_seqlens, page_table (paged
-    cache), qv, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, the FP8
+    k, v (append), rotary_cos, rotary_sin, rotary_seqlens, qv, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, the FP8
     descales, attention_chunk, scheduler_metadata, pack_gqa and sm_margin are
     FlashAttention-3's; any value but the default raises NotImplementedError.
     """
     _not_supported(k=(k, None), v=(v, None), qv=(qv, None), rotary_cos=(rotary_cos, None),
                    rotary_sin=(rotary_sin, None), rotary_seqlens=(rotary_seqlens, None),
-                   page_table=(page_table, None), cu_seqlens_q=(cu_seqlens_q, None),
+                   cu_seqlens_q=(cu_seqlens_q, None),
                    cu_seqlens_k_new=(cu_seqlens_k_new, None), max_seqlen_q=(max_seqlen_q, None),
                    q_descale=(q_descale, None), k_descale=(k_descale, None), v_descale=(v_descale, None),
                    attention_chunk=(attention_chunk, 0), scheduler_metadata=(scheduler_metadata, None),
                    pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
     _check_kv_cache(q, k_cache, v_cache)
     batch, max_len = q.shape[0], k_cache.shape[1]
+    if page_table is not None:
+        page_table = _checked_page_table(page_table, batch, k_cache, q.device)
+        max_len = page_table.shape[1] * k_cache.shape[1]
+        for name, given in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+            if given is not None:
+                raise ValueError(f"{name}: a paged cache (page_table) takes none, as FlashAttention")
     cache_seqlens = _checked_cache_seqlens(cache_seqlens, batch, max_len, q.device)
     if cache_batch_idx is not None:
         cache_batch_idx = _checked_index_tensor("cache_batch_idx", cache_batch_idx, batch, q.device)
-    elif k_cache.shape[0] < batch:
+    elif page_table is None and k_cache.shape[0] < batch:
         raise ValueError(f"k_cache: without cache_batch_idx entry b reads cache entry b, so its batch "
                          f"({k_cache.shape[0]}) must be at least q's ({batch})")
     if cache_leftpad is not None:
@@ -526,7 +561,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     mask = (*_checked_window(window_size, causal), _checked_softcap(softcap))
     softmax_scale = _checked_scale(softmax_scale, q)
     out, lse = _ops.kvcache_fwd(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale,
-                                bool(causal), num_splits, sinks, *mask)
+                                bool(causal), num_splits, sinks, *mask, page_table)
     return (out, lse) if return_softmax_lse else out
 
 
