@@ -20,18 +20,7 @@ using flash3::BlockRange;
 using flash3::ForwardArgs;
 using flash3::Status;
 
-// A valid decoding call: q [2, 1, 8, 128] against caches of 3 entries of
-// 300 rows (valid_forward_args' K and V, one more entry).
-ForwardArgs valid_cache_args() {
-  ForwardArgs a = flash3::testing::valid_forward_args();
-  a.seqlen_q = 1;
-  a.q = flash3::contiguous<const void*>(a.q.data, 1, a.heads_q, a.head_dim);
-  a.o = flash3::contiguous<void*>(a.o.data, 1, a.heads_q, a.head_dim);
-  a.kv_cache.seqlens = reinterpret_cast<const int32_t*>(0x80000);
-  a.kv_cache.batch_cache = 3;
-  a.kv_cache.num_splits = 0;
-  return a;
-}
+using flash3::testing::valid_cache_args;
 
 void expect_invalid(std::function<void(ForwardArgs&)> const& edit, std::string const& names) {
   flash3::testing::expect_invalid_args(valid_cache_args(), edit, names);

@@ -1,6 +1,6 @@
 // The KV cache forward (ForwardArgs::kv_cache) and split-KV against the
 // references with each batch entry's keys as a plain tensor: a view of its
-// cache entry's rows leftpad[b] .. seqlens[b] - 1.
+// cache entry's rows leftpad[b] .. seqlens[b] - 1 (kv_cache_check.h).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +14,7 @@
 
 #include "flash3/flash3.h"
 #include "gpu_test_util.h"
+#include "kv_cache_check.h"
 #include "reference.h"
 
 namespace {
@@ -61,7 +62,7 @@ CacheResult run_cache_case(CacheCase const& c, uint32_t seed, bool check = true)
   size_t const cache_elems = size_t(batch_cache) * c.max_len * c.heads_kv * d;
   size_t const lse_elems = size_t(batch) * c.heads_q * c.seqlen_q;
   DeviceBuffer<uint16_t> q(q_elems), k(cache_elems), v(cache_elems), o(q_elems);
-  DeviceBuffer<float> lse(lse_elems), ref_o(q_elems), ref_lse(lse_elems), low_o(q_elems), sinks(c.heads_q);
+  DeviceBuffer<float> lse(lse_elems), sinks(c.heads_q);
   DeviceBuffer<int32_t> seqlens(batch), batch_idx(batch), leftpad(batch);
   auto upload = [&](uint16_t* dst, size_t n) {
     std::vector<uint16_t> host(n);
@@ -123,33 +124,18 @@ CacheResult run_cache_case(CacheCase const& c, uint32_t seed, bool check = true)
   EXPECT_EQ(cudaMemcpy(result.lse.data(), lse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   if (!check) return result;
 
-  // The references, one batch entry at a time over its keys as a plain tensor.
-  size_t const q_batch = size_t(c.seqlen_q) * c.heads_q * d, lse_batch = size_t(c.heads_q) * c.seqlen_q;
-  for (int b = 0; b < batch; ++b) {
-    int const keys = std::max(c.seqlens[b] - h_pad[b], 0);
-    AttentionShape shape{1, c.seqlen_q, keys, c.heads_q, c.heads_kv, d, 0.f, c.causal};
-    shape.window_left = c.window_left;
-    shape.window_right = c.window_right;
-    shape.softcap = c.softcap;
-    int64_t const first = (int64_t(h_idx[b]) * c.max_len + h_pad[b]) * c.heads_kv * d;
-    flash3::ConstTensor const qb = flash3::contiguous<const void*>(q.ptr + b * q_batch, c.seqlen_q, c.heads_q, d);
-    flash3::ConstTensor const kb = flash3::contiguous<const void*>(k.ptr + first, keys, c.heads_kv, d);
-    flash3::ConstTensor const vb = flash3::contiguous<const void*>(v.ptr + first, keys, c.heads_kv, d);
-    float const* sink = c.sinks ? sinks.ptr : nullptr;
-    EXPECT_EQ(flash3::reference::attention_gpu(shape, c.dtype, qb, kb, vb, ref_o.ptr + b * q_batch,
-                                               ref_lse.ptr + b * lse_batch, false, nullptr, sink),
-              cudaSuccess);
-    EXPECT_EQ(flash3::reference::attention_gpu(shape, c.dtype, qb, kb, vb, low_o.ptr + b * q_batch, nullptr, true,
-                                               nullptr, sink),
-              cudaSuccess);
-  }
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> h_ref(q_elems), h_low(q_elems), h_ref_lse(lse_elems);
-  EXPECT_EQ(cudaMemcpy(h_ref.data(), ref_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(h_low.data(), low_o.ptr, q_elems * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(h_ref_lse.data(), ref_lse.ptr, lse_elems * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  flash3::testing::expect_forward_close(result.o, c.dtype, h_ref, h_low, result.lse, h_ref_lse,
-                                        [](size_t) { return 0.0; });
+  AttentionShape mask{batch, c.seqlen_q, 0, c.heads_q, c.heads_kv, d, 0.f, c.causal};
+  mask.window_left = c.window_left;
+  mask.window_right = c.window_right;
+  mask.softcap = c.softcap;
+  size_t const row_elems = size_t(c.heads_kv) * d;
+  flash3::testing::expect_entries_close(
+      mask, c.dtype, q.ptr, batch, c.sinks ? sinks.ptr : nullptr,
+      [&](int b) {
+        size_t const first = (size_t(h_idx[b]) * c.max_len + h_pad[b]) * row_elems;
+        return flash3::testing::EntryKeys{k.ptr + first, v.ptr + first, std::max(c.seqlens[b] - h_pad[b], 0)};
+      },
+      result.o, result.lse);
   return result;
 }
 

@@ -33,6 +33,19 @@ inline ForwardArgs valid_forward_args() {
   return a;
 }
 
+// A valid decoding call: q [2, 1, 8, 128] against caches of 3 entries of
+// 300 rows (valid_forward_args' K and V, one more entry).
+inline ForwardArgs valid_cache_args() {
+  ForwardArgs a = valid_forward_args();
+  a.seqlen_q = 1;
+  a.q = contiguous<const void*>(a.q.data, 1, a.heads_q, a.head_dim);
+  a.o = contiguous<void*>(a.o.data, 1, a.heads_q, a.head_dim);
+  a.kv_cache.seqlens = reinterpret_cast<const int32_t*>(0x80000);
+  a.kv_cache.batch_cache = 3;
+  a.kv_cache.num_splits = 0;
+  return a;
+}
+
 inline QuantizeArgs valid_quantize_args() {
   QuantizeArgs a = with_valid_inputs<QuantizeArgs>();
   a.q_out = contiguous<void*>(fake_address(0x40000), a.seqlen_q, a.heads_q, a.head_dim);

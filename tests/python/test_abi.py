@@ -270,8 +270,22 @@ def test_kvcache_forward_args_by_field_name():
     assert (a.kv_cache.batch_idx, a.kv_cache.leftpad, a.lse) == (None, None, None)
 
 
+def test_paged_kvcache_forward_args_by_field_name():
+    q = torch.empty(2, 1, 8, 128, dtype=torch.bfloat16)
+    pool = torch.empty(7, 32, 2, 128, dtype=torch.bfloat16)
+    table = torch.zeros(2, 9, dtype=torch.int32)[:, :6]  # a row stride of 9
+    lens = torch.zeros(2, dtype=torch.int32)
+    a = _ops.kvcache_forward_args(q, pool, pool, torch.empty_like(q), None, 0.5, True, None, (lens, None, None, 0),
+                                  None, (-1, 0, 0.0), table)
+    assert (a.seqlen_k, a.kv_cache.batch_cache, a.k.batch_stride, a.k.seq_stride) == (6 * 32, 7, 32 * 256, 256)
+    assert (a.kv_cache.page_table, a.kv_cache.page_table_stride, a.kv_cache.page_size) == (table.data_ptr(), 9, 32)
+    a = _ops.kvcache_forward_args(q, pool, pool, torch.empty_like(q), None, 0.5, True, None, (lens, None, None, 0))
+    assert (a.seqlen_k, a.kv_cache.page_table, a.kv_cache.page_table_stride, a.kv_cache.page_size) == (32, None, 0, 0)
+
+
 def test_calls_without_a_cache_leave_it_unset():
     q = torch.empty(2, 5, 6, 64, dtype=torch.bfloat16)
     k = torch.empty(2, 7, 3, 64, dtype=torch.bfloat16)
     a = _ops.forward_args(q, k, k, torch.empty_like(q), None, (None, None, None), 0.25, False, None)
     assert (a.kv_cache.seqlens, a.kv_cache.batch_cache, a.kv_cache.num_splits) == (None, 0, 1)
+    assert (a.kv_cache.page_table, a.kv_cache.page_table_stride, a.kv_cache.page_size) == (None, 0, 0)

@@ -987,3 +987,83 @@ def test_kvcache_int_and_absent_seqlens(gpu):
     assert torch.equal(whole, ref)
     part = flash3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=100, num_splits=1)
     assert torch.equal(part, flash3.flash_attn_func(q, k_cache[:2, :100], v_cache[:2, :100]))
+
+
+# ---- Paged KV cache -------------------------------------------------------------
+
+
+def _paged_case(seqlens, page_size, max_pages, seqlen_q=1, hq=8, hkv=2, d=128, dtype=BF16, spare=5, seed=0):
+    """q, the page pools, the page_table and cache_seqlens: each entry's pages
+    scattered over the pool in random order, and the plain caches [batch,
+    max_pages * page_size, ...] they stand for. Every row the kernel must not
+    read (pages no entry owns, rows past the 16-row group of an entry's last
+    key) is NaN, which would show in the output."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    batch = len(seqlens)
+    owned = [-(-n // page_size) for n in seqlens]
+    pages = sum(owned) + spare
+    order = torch.randperm(pages, generator=torch.Generator().manual_seed(seed)).tolist()
+    table = torch.full((batch, max_pages), -1, dtype=torch.int32)
+    nan = torch.full((pages, page_size, hkv, d), float("nan"), device="cuda", dtype=dtype)
+    k_pool, v_pool = nan.clone(), nan.clone()
+    plain_k = torch.zeros(batch, max_pages * page_size, hkv, d, device="cuda", dtype=dtype)
+    plain_v = torch.zeros_like(plain_k)
+    for b, n in enumerate(seqlens):
+        table[b, :owned[b]] = torch.tensor(order[:owned[b]], dtype=torch.int32)
+        order = order[owned[b]:]
+        rows = min(-(-n // 16) * 16, owned[b] * page_size)
+        for j0 in range(0, rows, page_size):
+            page, count = int(table[b, j0 // page_size]), min(page_size, rows - j0)
+            k_pool[page, :count] = torch.randn(count, hkv, d, device="cuda", dtype=dtype, generator=g)
+            v_pool[page, :count] = torch.randn(count, hkv, d, device="cuda", dtype=dtype, generator=g)
+            keys = min(count, n - j0)
+            if keys > 0:
+                plain_k[b, j0:j0 + keys] = k_pool[page, :keys]
+                plain_v[b, j0:j0 + keys] = v_pool[page, :keys]
+    q = torch.randn(batch, seqlen_q, hq, d, device="cuda", dtype=dtype, generator=g)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    return q, k_pool, v_pool, table.cuda(), lens, plain_k, plain_v
+
+
+def _check_paged(case, causal=False, window=(-1, -1), num_splits=0):
+    q, k_pool, v_pool, table, lens, plain_k, plain_v = case
+    out, lse = flash3.flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=lens, page_table=table, causal=causal,
+                                              window_size=window, num_splits=num_splits, return_softmax_lse=True)
+    scale = q.shape[-1] ** -0.5
+    for b in range(q.shape[0]):
+        n = int(lens[b])
+        kb, vb = plain_k[b:b + 1, :n], plain_v[b:b + 1, :n]
+        ref, ref_lse = reference(q[b:b + 1], kb, vb, causal, scale, None, window, 0.0)
+        low = straightforward(q[b:b + 1], kb, vb, causal, scale, None, window, 0.0)
+        check_output(f"out[{b}]", out[b:b + 1], ref, low)
+        check_lse(lse[b:b + 1], ref_lse)
+    # The same call on the plain caches.
+    plain = flash3.flash_attn_with_kvcache(q, plain_k, plain_v, cache_seqlens=lens, causal=causal, window_size=window,
+                                           num_splits=num_splits)
+    assert torch.equal(out, plain)
+
+
+def _page_edges(page_size, max_pages):
+    return [0, 1, 15, 16, 17, page_size - 1, page_size, page_size + 1, 3 * page_size, max_pages * page_size]
+
+
+@pytest.mark.parametrize("num_splits", [1, 0, 3])
+@pytest.mark.parametrize("page_size", [16, 48, 64, 256])
+def test_paged_kvcache_page_sizes(gpu, page_size, num_splits):
+    max_pages = 2048 // page_size
+    _check_paged(_paged_case(_page_edges(page_size, max_pages), page_size, max_pages, seed=page_size),
+                 num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("seqlen_q", [1, 7, 130])
+def test_paged_kvcache_causal_windows_gqa(gpu, seqlen_q, num_splits):
+    lens = [seqlen_q, 300, 1024, 513]
+    _check_paged(_paged_case(lens, 16, 64, seqlen_q=seqlen_q), causal=True, num_splits=num_splits)
+    _check_paged(_paged_case(lens, 64, 20, seqlen_q=seqlen_q, hq=32, hkv=4), window=(100, -1), num_splits=num_splits)
+    _check_paged(_paged_case(lens, 256, 4, seqlen_q=seqlen_q, hkv=1, dtype=FP16), causal=True, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
+def test_paged_kvcache_head_dims(gpu, head_dim):
+    _check_paged(_paged_case(_page_edges(32, 40), 32, 40, seqlen_q=2, d=head_dim), causal=True)

@@ -542,7 +542,7 @@ def _bad_kvcache_calls():
     i32 = torch.int32
     later = [(name, {name: value}) for name, value in (
         ("k", meta(2, 1, 2, 128)), ("v", meta(2, 1, 2, 128)), ("rotary_cos", meta(300, 64)),
-        ("rotary_sin", meta(300, 64)), ("page_table", meta(2, 4, dtype=i32)), ("qv", meta(2, 1, 8, 128)),
+        ("rotary_sin", meta(300, 64)), ("qv", meta(2, 1, 8, 128)),
         ("cu_seqlens_q", meta(3, dtype=i32)), ("max_seqlen_q", 1), ("rotary_seqlens", meta(2, dtype=i32)),
         ("q_descale", meta(1, dtype=torch.float32)), ("attention_chunk", 64), ("scheduler_metadata", meta(8)),
         ("pack_gqa", True), ("sm_margin", 4))]
@@ -577,6 +577,39 @@ def _bad_kvcache_calls():
         ("kvcache softcap", lambda: f(q, kc, vc, softcap=-1.0), ValueError, "softcap"),
         ("kvcache scale", lambda: f(q, kc, vc, softmax_scale=0.0), ValueError, "softmax_scale"),
         ("kvcache sinks", lambda: f(q, kc, vc, sinks=meta(2)), ValueError, "sinks: must have shape (8,)"),
+        *_bad_paged_calls(),
+    ]
+
+
+def paged(b=2, pages=10, page_size=64, max_pages=5, hkv=2, d=128, dtype=BF16):
+    """q, the page pools k_cache and v_cache, and the page_table on meta."""
+    pool = meta(pages, page_size, hkv, d, dtype=dtype)
+    return meta(b, 1, 8, d, dtype=dtype), pool, pool.clone(), meta(b, max_pages, dtype=torch.int32)
+
+
+def _bad_paged_calls():
+    q, kc, vc, table = paged()
+    f = flash3.flash_attn_with_kvcache
+    i32 = torch.int32
+    return [
+        ("paged table dtype", lambda: f(q, kc, vc, page_table=meta(2, 5, dtype=torch.int64)), ValueError,
+         "page_table: must be torch.int32"),
+        ("paged table dims", lambda: f(q, kc, vc, page_table=meta(10, dtype=i32)), ValueError,
+         "page_table: must have shape (batch, max_pages_per_seq) = (2, n >= 1)"),
+        ("paged table batch", lambda: f(q, kc, vc, page_table=meta(3, 5, dtype=i32)), ValueError, "page_table:"),
+        ("paged table empty", lambda: f(q, kc, vc, page_table=meta(2, 0, dtype=i32)), ValueError, "page_table:"),
+        ("paged table device", lambda: f(q, kc, vc, page_table=torch.zeros(2, 5, dtype=i32)), ValueError,
+         "page_table: must be on q's device"),
+        ("paged table type", lambda: f(q, kc, vc, page_table=[[0, 1]]), ValueError, "page_table: must be a torch"),
+        *[(f"paged page_size {ps}", lambda ps=ps: f(*paged(page_size=ps)[:3], page_table=table), ValueError,
+           f"page_size: k_cache's dim 1 with a page_table, its pages' rows, must be a positive multiple of 16, got {ps}")
+          for ps in (8, 24, 100)],
+        ("paged batch idx", lambda: f(q, kc, vc, page_table=table, cache_batch_idx=meta(2, dtype=i32)), ValueError,
+         "cache_batch_idx: a paged cache"),
+        ("paged leftpad", lambda: f(q, kc, vc, page_table=table, cache_leftpad=meta(2, dtype=i32)), ValueError,
+         "cache_leftpad: a paged cache"),
+        ("paged seqlens", lambda: f(q, kc, vc, page_table=table, cache_seqlens=321), ValueError,
+         "cache_seqlens: must be in [0, 320]"),
     ]
 
 
@@ -605,6 +638,17 @@ def test_kvcache_shapes_on_meta(sq, dims):
     assert out.shape == (2, sq, 8, dv or d) and lse.shape == (2, 8, sq) and lse.dtype == torch.float32
 
 
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_paged_kvcache_shapes_on_meta(page_size):
+    q, kc, vc, table = paged(page_size=page_size, pages=3)  # fewer pages than table slots: entries may share
+    out, lse = flash3.flash_attn_with_kvcache(q, kc, vc, page_table=table, cache_seqlens=7, causal=True,
+                                              num_splits=0, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (2, 8, 1)
+    # A table sliced out of a wider one keeps its row stride.
+    out = flash3.flash_attn_with_kvcache(q, kc, vc, page_table=meta(2, 9, dtype=torch.int32)[:, 2:7])
+    assert out.shape == q.shape
+
+
 def test_kvcache_default_fa3_arguments_are_accepted():
     q, kc, vc, lens = cache()
     out = flash3.flash_attn_with_kvcache(q, kc, vc, None, None, None, None, None, lens, None, None, None, None, None,
@@ -619,6 +663,9 @@ def test_kvcache_opcheck_on_meta():
     torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default, (q, kc, vc, lens, None, None, 0.125, False, 0))
     torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default,
                           (q, kc, vc, lens, idx, idx, 0.125, True, 4, meta(8, dtype=torch.float32), 10, 0, 3.0))
+    q, kc, vc, table = paged()
+    torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default,
+                          (q, kc, vc, lens, None, None, 0.125, True, 0, None, -1, 0, 0.0, table))
 
 
 def test_kvcache_compile_fullgraph_on_meta():
