@@ -176,6 +176,38 @@ struct Varlen {
 // num_splits: 1 no split, 0 chosen (enough CTAs to fill the SMs, each split
 // at least 4 key blocks; see src/fwd/kv_split.h), up to 128 (splits beyond
 // the key blocks get no key and weigh nothing).
+// Appending to the cache (FlashAttention's k, v, rotary_cos, rotary_sin):
+// new keys and values k, v [batch, seqlen_new, heads_kv, head_dim] (v:
+// head_dim_v), in the caches' dtype, are written into the caches, key j of
+// batch entry b at key seqlens[b] + j of its entry (its cache row, or page
+// row through page_table), before the attention, which then sees
+// seqlens[b] + seqlen_new keys (from leftpad[b]). The caches' other rows are
+// not touched and seqlens is not changed; ForwardArgs::k and v are written
+// there, so they must point to writable memory, not overlapping append.k
+// or append.v. Trusted device data: seqlens[b] + seqlen_new <= seqlen_k.
+//
+// Rotary embedding, with rotary_cos and rotary_sin [rotary_seqlen,
+// rotary_dim / 2] in q's dtype, contiguous: the first rotary_dim dims of
+// each new key are rotated by the angles of position seqlens[b] + j, and
+// those of each query row i of q by position seqlens[b] + i with a causal
+// mask or a window, else by position seqlens[b] (FlashAttention's rule);
+// the dims past rotary_dim pass through. Interleaved (GPT-J) rotates the
+// pairs (2i, 2i + 1), else (GPT-NeoX) the pairs (i, i + rotary_dim / 2).
+// q is read, not changed: its rotated copy lives in stream-ordered scratch
+// memory for the call. rotary_dim is a multiple of 16 up to head_dim and
+// rotary_seqlen at least seqlen_k, so that every position an entry can hold
+// is in the tables (as FlashAttention).
+struct KvAppend {
+  ConstTensor k;              // data nullptr: no append (the other fields unset)
+  ConstTensor v;
+  int64_t seqlen_new = 0;     // from 1
+  const void* rotary_cos = nullptr;  // nullptr: no rotary embedding
+  const void* rotary_sin = nullptr;
+  int64_t rotary_seqlen = 0;
+  int64_t rotary_dim = 0;
+  bool rotary_interleaved = false;
+};
+
 struct KvCache {
   const int32_t* seqlens = nullptr;    // cache_seqlens; nullptr: no KV cache (the other fields unused)
   const int32_t* batch_idx = nullptr;  // cache_batch_idx, optional
@@ -185,6 +217,7 @@ struct KvCache {
   const int32_t* page_table = nullptr;  // paged cache, optional
   int64_t page_table_stride = 0;        // elements between page_table's rows
   int64_t page_size = 0;                // a page's rows (with page_table only)
+  KvAppend append;                      // new keys and values, or none (last: the C ABI's offsets stay)
 };
 
 struct ForwardArgs {

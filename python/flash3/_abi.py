@@ -55,6 +55,19 @@ class Varlen(ctypes.Structure):
     ]
 
 
+class KvAppend(ctypes.Structure):
+    _fields_ = [
+        ("k", TensorRef),
+        ("v", TensorRef),
+        ("seqlen_new", ctypes.c_int64),
+        ("rotary_cos", ctypes.c_void_p),
+        ("rotary_sin", ctypes.c_void_p),
+        ("rotary_seqlen", ctypes.c_int64),
+        ("rotary_dim", ctypes.c_int64),
+        ("rotary_interleaved", ctypes.c_bool),
+    ]
+
+
 class KvCache(ctypes.Structure):
     _fields_ = [
         ("seqlens", ctypes.c_void_p),
@@ -65,6 +78,7 @@ class KvCache(ctypes.Structure):
         ("page_table", ctypes.c_void_p),
         ("page_table_stride", ctypes.c_int64),
         ("page_size", ctypes.c_int64),
+        ("append", KvAppend),
     ]
 
 
@@ -143,7 +157,7 @@ class QuantizeArgs(ctypes.Structure):
     ]
 
 
-MIRRORS = (TensorRef, KernelOptions, Fp8Scales, Varlen, KvCache, ForwardArgs, BackwardArgs, QuantizeArgs)
+MIRRORS = (TensorRef, KernelOptions, Fp8Scales, Varlen, KvAppend, KvCache, ForwardArgs, BackwardArgs, QuantizeArgs)
 
 # flash3::DType and flash3::ScaleGranularity values.
 BF16, FP16, E4M3 = 0, 1, 2

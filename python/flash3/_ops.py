@@ -39,7 +39,9 @@ _pack_quantize = _abi.packer(_abi.QuantizeArgs).pack_into
 _ALL_ON = (True, True, True, True)  # KernelOptions: flash3.h's defaults
 _NO_FP8 = (0, 0, 0, 0, 0)  # Fp8Scales of a bf16/fp16 call
 _NO_VARLEN = (0, 0, 0, 0, 0, 0)  # Varlen of a fixed-length batch
-_NO_KV_CACHE = (0, 0, 0, 0, 1, 0, 0, 0)  # KvCache of a call without one (num_splits 1)
+_NO_TENSOR = (0, 0, 0, 0, 1)  # a TensorRef left unset (flash3.h's defaults)
+_NO_APPEND = (*_NO_TENSOR, *_NO_TENSOR, 0, 0, 0, 0, 0, False)  # KvAppend of a call that appends nothing
+_NO_KV_CACHE = (0, 0, 0, 0, 1, 0, 0, 0, *_NO_APPEND)  # KvCache of a call without one (num_splits 1)
 # The mask policy's scalars, (window_left, window_right, softcap) in
 # flash3.h's order: no window, no softcap.
 _NO_MASK = (-1, -1, 0.0)
@@ -509,19 +511,32 @@ varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_set
 
 # ---- KV cache (decoding) ------------------------------------------------------
 # Its own operator, forward only (inference): O and the LSE from q against the
-# caches, which it reads and does not change.
+# caches, which it changes only where k and v are appended (in place, hence
+# mutates_args).
 
 
 def _index_ptr(t):
     return 0 if t is None else t.data_ptr()
 
 
+def _append_fields(append):
+    """KvAppend's fields of append = (k, v, rotary_cos, rotary_sin,
+    rotary_interleaved), the tables None without rotary; None: no append."""
+    if append is None:
+        return _NO_APPEND
+    k, v, cos, sin, interleaved = append
+    rotary = (0, 0, 0, 0, False) if cos is None else (cos.data_ptr(), sin.data_ptr(), cos.shape[0],
+                                                      2 * cos.shape[1], interleaved)
+    return (*_ref(k), *_ref(v), k.shape[1], *rotary)
+
+
 def kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, counter, cache, sinks=None,
-                         mask=_NO_MASK, page_table=None):
+                         mask=_NO_MASK, page_table=None, append=None):
     """ForwardArgs of a KV cache call; cache is (cache_seqlens, cache_batch_idx,
     cache_leftpad, num_splits), the index tensors int32 [batch] or None;
     page_table int32 [batch, max_pages_per_seq] (columns contiguous) makes the
-    caches a pool of pages [num_pages, page_size, ...]."""
+    caches a pool of pages [num_pages, page_size, ...]; append as
+    _append_fields takes it."""
     seqlens, batch_idx, leftpad, num_splits = cache
     args = _abi.ForwardArgs()
     b, sq, hq, d = q.shape
@@ -533,8 +548,15 @@ def kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, c
     _pack_forward(args, 0, DTYPES[q.dtype], b, sq, capacity, hq, ks[2], d, *_ref(q), *_ref(k_cache), *_ref(v_cache),
                   *_ref(out), 0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
                   _index_ptr(sinks), *_NO_FP8, *_NO_VARLEN, *_ALL_ON, _index_ptr(counter), v_cache.shape[-1],
-                  seqlens.data_ptr(), _index_ptr(batch_idx), _index_ptr(leftpad), ks[0], num_splits, *paged)
+                  seqlens.data_ptr(), _index_ptr(batch_idx), _index_ptr(leftpad), ks[0], num_splits, *paged,
+                  *_append_fields(append))
     return args
+
+
+def _dense_aligned(t):
+    """t, or a contiguous copy when it is not contiguous or not 16-byte
+    aligned (the rotary tables are read as 16-byte vectors of whole rows)."""
+    return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
 @_on_tensor_device
@@ -542,27 +564,38 @@ def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seq
                           cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor], softmax_scale: float,
                           causal: bool, num_splits: int, sinks: Optional[Tensor] = None, window_left: int = -1,
                           window_right: int = -1, softcap: float = 0.0,
-                          page_table: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                          page_table: Optional[Tensor] = None, k: Optional[Tensor] = None,
+                          v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
+                          rotary_sin: Optional[Tensor] = None,
+                          rotary_interleaved: bool = False) -> Tuple[Tensor, Tensor]:
     lib = _abi.load()
+    # An append writes the caches in place: the interface refuses a strided
+    # head dim then, so that these are the caller's tensors, not copies.
     q, k_cache, v_cache = _head_dim_contiguous(q), _head_dim_contiguous(k_cache), _head_dim_contiguous(v_cache)
+    append = None
+    if k is not None:
+        if rotary_cos is not None:
+            rotary_cos, rotary_sin = _dense_aligned(rotary_cos), _dense_aligned(rotary_sin)
+        append = (_kernel_readable(k), _kernel_readable(v), rotary_cos, rotary_sin, rotary_interleaved)
     out, lse = _forward_outputs(q, v_cache, q.dtype)
     index = q.get_device()
     counter = _tile_counter(index)
     _run(lib.forward,
          kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, counter,
                               (cache_seqlens, cache_batch_idx, cache_leftpad, num_splits), sinks,
-                              (window_left, window_right, softcap), page_table),
+                              (window_left, window_right, softcap), page_table, append),
          _raw_stream(index), "forward")
     return out, lse
 
 
-kvcache_fwd = torch.library.custom_op("flash3::kvcache_fwd", _kvcache_forward_impl, mutates_args=(),
-                                      device_types="cuda")
+kvcache_fwd = torch.library.custom_op("flash3::kvcache_fwd", _kvcache_forward_impl,
+                                      mutates_args=("k_cache", "v_cache"), device_types="cuda")
 
 
 @kvcache_fwd.register_fake
 def _kvcache_forward_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale, causal,
-                          num_splits, sinks=None, window_left=-1, window_right=-1, softcap=0.0, page_table=None):
+                          num_splits, sinks=None, window_left=-1, window_right=-1, softcap=0.0, page_table=None,
+                          k=None, v=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False):
     return _forward_outputs(q, v_cache, q.dtype)
 
 

@@ -23,6 +23,7 @@ using flash3::ConstTensor;
 using flash3::Fp8Scales;
 using flash3::ForwardArgs;
 using flash3::KernelOptions;
+using flash3::KvAppend;
 using flash3::KvCache;
 using flash3::MutableTensor;
 using flash3::QuantizeArgs;
@@ -106,10 +107,16 @@ constexpr Field kVarlen[] = {FLASH3_FIELD(Varlen, cu_seqlens_q), FLASH3_FIELD(Va
                              FLASH3_FIELD(Varlen, seqused_q),    FLASH3_FIELD(Varlen, seqused_k),
                              FLASH3_FIELD(Varlen, total_q),      FLASH3_FIELD(Varlen, total_k)};
 
+constexpr Field kKvAppend[] = {FLASH3_NESTED(KvAppend, k, kTensorRef),    FLASH3_NESTED(KvAppend, v, kTensorRef),
+                               FLASH3_FIELD(KvAppend, seqlen_new),          FLASH3_FIELD(KvAppend, rotary_cos),
+                               FLASH3_FIELD(KvAppend, rotary_sin),          FLASH3_FIELD(KvAppend, rotary_seqlen),
+                               FLASH3_FIELD(KvAppend, rotary_dim),          FLASH3_FIELD(KvAppend, rotary_interleaved)};
+
 constexpr Field kKvCache[] = {FLASH3_FIELD(KvCache, seqlens), FLASH3_FIELD(KvCache, batch_idx),
                               FLASH3_FIELD(KvCache, leftpad), FLASH3_FIELD(KvCache, batch_cache),
                               FLASH3_FIELD(KvCache, num_splits), FLASH3_FIELD(KvCache, page_table),
-                              FLASH3_FIELD(KvCache, page_table_stride), FLASH3_FIELD(KvCache, page_size)};
+                              FLASH3_FIELD(KvCache, page_table_stride), FLASH3_FIELD(KvCache, page_size),
+                              FLASH3_NESTED(KvCache, append, kKvAppend)};
 
 constexpr Field kKernelOptions[] = {FLASH3_FIELD(KernelOptions, pingpong),
                                     FLASH3_FIELD(KernelOptions, intra_warpgroup_overlap),
@@ -172,7 +179,8 @@ static_assert(ends_at<ConstTensor>(offsetof(ConstTensor, dim_stride), sizeof(int
 static_assert(ends_at<Fp8Scales>(offsetof(Fp8Scales, out_dtype), sizeof(flash3::DType)));
 static_assert(ends_at<KernelOptions>(offsetof(KernelOptions, warp_specialization), sizeof(bool)));
 static_assert(ends_at<Varlen>(offsetof(Varlen, total_k), sizeof(int64_t)));
-static_assert(ends_at<KvCache>(offsetof(KvCache, page_size), sizeof(int64_t)));
+static_assert(ends_at<KvAppend>(offsetof(KvAppend, rotary_interleaved), sizeof(bool)));
+static_assert(ends_at<KvCache>(offsetof(KvCache, append), sizeof(KvAppend)));
 static_assert(ends_at<ForwardArgs>(offsetof(ForwardArgs, kv_cache), sizeof(KvCache)));
 static_assert(ends_at<BackwardArgs>(offsetof(BackwardArgs, head_dim_v), sizeof(int64_t)));
 static_assert(ends_at<QuantizeArgs>(offsetof(QuantizeArgs, seed), sizeof(uint64_t)));
@@ -181,7 +189,8 @@ constexpr Struct kStructs[] = {
     {"ForwardArgs", sizeof(ForwardArgs), kForwardArgs},    {"BackwardArgs", sizeof(BackwardArgs), kBackwardArgs},
     {"QuantizeArgs", sizeof(QuantizeArgs), kQuantizeArgs}, {"TensorRef", sizeof(ConstTensor), kTensorRef},
     {"Fp8Scales", sizeof(Fp8Scales), kFp8Scales},           {"KernelOptions", sizeof(KernelOptions), kKernelOptions},
-    {"Varlen", sizeof(Varlen), kVarlen},                   {"KvCache", sizeof(KvCache), kKvCache}};
+    {"Varlen", sizeof(Varlen), kVarlen},                   {"KvCache", sizeof(KvCache), kKvCache},
+    {"KvAppend", sizeof(KvAppend), kKvAppend}};
 
 // The offset of `name` ("field" or "field.subfield...") in `fields`; -1 if
 // there is no such field.

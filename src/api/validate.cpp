@@ -117,6 +117,65 @@ Status check_page_table(ForwardArgs const& a) {
   return Status();
 }
 
+// An append's host-side fields (kv_cache.append; seqlens, which places its
+// rows, is trusted): the new keys and values as tensors of seqlen_new rows,
+// and the rotary tables as rows of rotary_dim / 2 in q's dtype, 16-byte
+// vectors, covering every position a cache entry holds (seqlen_k). Without
+// append.k the others must be left unset, so that a caller who meant an
+// append does not get a plain call.
+Status check_append(ForwardArgs const& a) {
+  KvAppend const& n = a.kv_cache.append;
+  if (n.k.data == nullptr) {
+    if (n.v.data != nullptr) return invalid("kv_cache.append.v: given without kv_cache.append.k");
+    if (n.seqlen_new != 0) return invalid("kv_cache.append.seqlen_new: set without kv_cache.append.k");
+    if (n.rotary_cos != nullptr || n.rotary_sin != nullptr) {
+      return invalid("kv_cache.append.rotary_cos: the rotary tables rotate appended keys: given without "
+                     "kv_cache.append.k");
+    }
+    if (n.rotary_dim != 0) return invalid("kv_cache.append.rotary_dim: set without kv_cache.append.k");
+    return Status();
+  }
+  if (a.kv_cache.seqlens == nullptr) return invalid("kv_cache.append.k: given without kv_cache.seqlens");
+  if (n.seqlen_new < 1 || n.seqlen_new > a.seqlen_k) {
+    return invalid("kv_cache.append.seqlen_new: must be in [1, seqlen_k] (" + std::to_string(a.seqlen_k) +
+                   ", an entry's capacity), got " + std::to_string(n.seqlen_new));
+  }
+  if (a.batch > 0 && a.seqlen_q < 1) {
+    return invalid("seqlen_q: an append (kv_cache.append) needs at least one query row, got 0");
+  }
+  int64_t const bytes = element_bytes(a.dtype);
+  if (Status s = checks::tensor("kv_cache.append.k", n.k, a.batch, n.seqlen_new, a.heads_kv, a.head_dim, bytes);
+      !s.ok()) {
+    return s;
+  }
+  if (Status s = checks::tensor("kv_cache.append.v", n.v, a.batch, n.seqlen_new, a.heads_kv, head_dim_v_of(a), bytes);
+      !s.ok()) {
+    return s;
+  }
+  if (n.rotary_cos == nullptr) {
+    if (n.rotary_sin != nullptr) return invalid("kv_cache.append.rotary_cos: null pointer, but rotary_sin given");
+    if (n.rotary_dim != 0) return invalid("kv_cache.append.rotary_dim: set without kv_cache.append.rotary_cos");
+    return Status();
+  }
+  if (n.rotary_sin == nullptr) return invalid("kv_cache.append.rotary_sin: null pointer, but rotary_cos given");
+  for (auto const& [name, p] : {std::pair{"kv_cache.append.rotary_cos", n.rotary_cos},
+                                std::pair{"kv_cache.append.rotary_sin", n.rotary_sin}}) {
+    if (reinterpret_cast<uintptr_t>(p) % checks::kAlignBytes != 0) {
+      return invalid(std::string(name) + ": must be 16-byte aligned");
+    }
+  }
+  if (n.rotary_dim < 16 || n.rotary_dim % 16 != 0 || n.rotary_dim > a.head_dim) {
+    return invalid("kv_cache.append.rotary_dim: must be a positive multiple of 16 up to head_dim (" +
+                   std::to_string(a.head_dim) + "), got " + std::to_string(n.rotary_dim));
+  }
+  if (n.rotary_seqlen < a.seqlen_k || n.rotary_seqlen > checks::kMaxExtent) {
+    return invalid("kv_cache.append.rotary_seqlen: the tables' rows must cover every position of an entry, at least "
+                   "seqlen_k (" + std::to_string(a.seqlen_k) + ") and below 2^31, got " +
+                   std::to_string(n.rotary_seqlen));
+  }
+  return Status();
+}
+
 // A KV cache's host-side fields (its device arrays are trusted): without
 // kv_cache.seqlens the others must be left unset, so that a caller who meant
 // a cache call does not get a plain one.
@@ -133,7 +192,7 @@ Status check_kv_cache(ForwardArgs const& a) {
       return invalid("kv_cache.num_splits: split-KV runs with a KV cache (kv_cache.seqlens), got num_splits " +
                      std::to_string(c.num_splits));
     }
-    return Status();
+    return check_append(a);
   }
   for (auto const& [name, p] : {std::pair{"kv_cache.seqlens", c.seqlens}, std::pair{"kv_cache.batch_idx", c.batch_idx},
                                 std::pair{"kv_cache.leftpad", c.leftpad}, std::pair{"kv_cache.page_table", c.page_table}}) {
@@ -163,7 +222,7 @@ Status check_kv_cache(ForwardArgs const& a) {
         a.options.persistent)) {
     return Status(Status::Code::kUnsupported, "kv_cache: a KV cache runs with every KernelOption on");
   }
-  return Status();
+  return check_append(a);
 }
 
 }  // namespace

@@ -31,6 +31,17 @@ struct KvCacheMap {
     int const n = seqlens[b] - first_key(b);
     return n > 0 ? n : 0;
   }
+
+  // Where key `key` of entry b is stored (key counted from the entry's row 0,
+  // leftpad included): the caches' batch entry, or page, and its row there.
+  struct Row {
+    int64_t entry;
+    int row;
+  };
+  FLASH3_HOST_DEVICE Row row_of(int b, int key) const {
+    if (paged()) return {page_table[b * page_table_stride + key / page_size], key % page_size};
+    return {kv_batch(b), key};
+  }
 };
 
 // A paged cache's key block is loaded as boxes of kRows keys, each from one

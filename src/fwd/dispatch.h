@@ -11,7 +11,8 @@
 // by the window kernel when it has a causal mask or a window. A paged cache
 // is a run-time option of the same kernels (kv_cache.page_table: the
 // producer loads a block as 16-row boxes, Mainloop::Loads::boxes), so it
-// adds no kernel.
+// adds no kernel; an append (kv_cache.append) runs its own small kernel
+// before them (fwd/append_kv.h).
 #pragma once
 
 #include <string>
@@ -22,6 +23,7 @@
 #include "common/mask.h"
 #include "flash3/flash3.h"
 #include "fwd/launch.h"
+#include "fwd/launch_append.h"
 #include "fwd/launch_split.h"
 #include "fwd/traits.h"
 #include "fwd/variants.h"
@@ -34,14 +36,18 @@ Status launch_variant(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   return launch_forward<FwdTraits<ElementOf<kDType>, kHeadDim, kVariant, kHeadDimV>>(a, device, stream);
 }
 
-// A KV cache call: the split kernel when it takes more than one split, else
-// the plain one (both of kBase's mask).
+// A KV cache call: its append first, if it has one (fwd/launch_append.h),
+// then the split kernel when it takes more than one split, else the plain
+// one (both of kBase's mask).
 template <DType kDType, int kHeadDim, int kHeadDimV, Variant kBase>
 Status launch_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   using Plain = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(false), kHeadDimV>;
   using Split = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(true), kHeadDimV>;
-  int const splits = num_splits_of(a, device, Split::kBlockM, Split::kBlockN);
-  return splits > 1 ? launch_split_forward<Split>(a, device, splits, stream) : launch_forward<Plain>(a, device, stream);
+  return with_append(a, stream, [&](ForwardArgs const& attended) {
+    int const splits = num_splits_of(attended, device, Split::kBlockM, Split::kBlockN);
+    return splits > 1 ? launch_split_forward<Split>(attended, device, splits, stream)
+                      : launch_forward<Plain>(attended, device, stream);
+  });
 }
 
 // Launches row I's kernel if the row is built for (kDType, kHeadDim) and the

@@ -21,7 +21,7 @@ _CTYPES = {"int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64, "bool": ctype
            "DType": ctypes.c_int, "ScaleGranularity": ctypes.c_int, "Pointer": ctypes.c_void_p,
            "ConstTensor": _abi.TensorRef, "MutableTensor": _abi.TensorRef, "Fp8Scales": _abi.Fp8Scales,
            "KernelOptions": _abi.KernelOptions, "Varlen": _abi.Varlen,
-           "KvCache": _abi.KvCache}
+           "KvCache": _abi.KvCache, "KvAppend": _abi.KvAppend}
 
 
 def _strip_comments(text):
