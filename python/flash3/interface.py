@@ -477,6 +477,69 @@ def _checked_page_table(page_table, batch, k_cache, device):
     return page_table if page_table.stride(1) == 1 else page_table.contiguous()
 
 
+def _check_append(q, k_cache, v_cache, k, v, max_len):
+    """k and v, the rows to append: both or neither, [batch, seqlen_new,
+    heads_kv, head_dim] (v: v_cache's head dim) in the caches' dtype, on q's
+    device, seqlen_new in [1, max_len]."""
+    if (k is None) != (v is None):
+        given, missing = ("k", "v") if v is None else ("v", "k")
+        raise ValueError(f"{missing}: None, but {given} given: appending to the cache takes both")
+    if k is None:
+        return
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.stride(-1) != 1:
+            raise ValueError(f"{name}: appending k and v writes it in place: its head dim must be contiguous "
+                             f"(stride 1), got stride {cache.stride(-1)}")
+    batch, heads_kv = q.shape[0], k_cache.shape[2]
+    for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
+        _check_tensor(name, t)
+        if t.device != q.device:
+            raise ValueError(f"{name}: must be on q's device {q.device}, got {t.device}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: dtype must be the caches' ({q.dtype}), got {t.dtype}")
+        want = (batch, k.shape[1], heads_kv, cache.shape[-1])
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name}: must have shape (batch, seqlen_new, heads_kv, head_dim) = {want}, "
+                             f"got {tuple(t.shape)}")
+    if not 1 <= k.shape[1] <= max_len:
+        raise ValueError(f"k: seqlen_new (dim 1) must be in [1, {max_len}] (an entry's capacity), got {k.shape[1]}")
+
+
+def _checked_rotary(q, k, rotary_cos, rotary_sin, rotary_interleaved, max_len):
+    """rotary_cos and rotary_sin: both or neither, only with k and v, [seqlen_ro,
+    rotary_dim / 2] in q's dtype on q's device, rotary_dim a multiple of 16 up
+    to head_dim, seqlen_ro covering an entry's capacity (as FlashAttention)."""
+    if not isinstance(rotary_interleaved, bool):
+        raise ValueError(f"rotary_interleaved: must be a bool, got {rotary_interleaved!r}")
+    if (rotary_cos is None) != (rotary_sin is None):
+        given, missing = ("rotary_cos", "rotary_sin") if rotary_sin is None else ("rotary_sin", "rotary_cos")
+        raise ValueError(f"{missing}: None, but {given} given: rotary embedding takes both")
+    if rotary_cos is None:
+        return None
+    if k is None:
+        raise ValueError("rotary_cos: rotary embedding rotates the appended keys: it needs k and v")
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{name}: must have 2 dims (seqlen_ro, rotary_dim / 2), got shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: must be on q's device {q.device}, got {t.device}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: dtype must be q's ({q.dtype}), as FlashAttention, got {t.dtype}")
+    if rotary_sin.shape != rotary_cos.shape:
+        raise ValueError(f"rotary_sin: shape must be rotary_cos's {tuple(rotary_cos.shape)}, "
+                         f"got {tuple(rotary_sin.shape)}")
+    seqlen_ro, rotary_dim = rotary_cos.shape[0], 2 * rotary_cos.shape[1]
+    if rotary_dim == 0 or rotary_dim % 16 != 0 or rotary_dim > q.shape[-1]:
+        raise ValueError(f"rotary_cos: rotary_dim (twice dim 1) must be a positive multiple of 16 up to head_dim "
+                         f"({q.shape[-1]}), got {rotary_dim}")
+    if seqlen_ro < max_len:
+        raise ValueError(f"rotary_cos: seqlen_ro (dim 0) must cover every position of an entry, at least {max_len}, "
+                         f"got {seqlen_ro}")
+    return rotary_cos, rotary_sin, rotary_interleaved
+
+
 def _checked_num_splits(num_splits):
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or not 0 <= num_splits <= 128:
         raise ValueError(f"num_splits: must be an int in [0, 128] (0: chosen by flash3, 1: no split), "
@@ -514,12 +577,29 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     outside [0, num_pages) reads as zeros. No cache_batch_idx and no
     cache_leftpad with a page_table (as FlashAttention).
 
+    Appending (k and v, [batch, seqlen_new, heads_kv, head_dim], v's with
+    v_cache's head dim): key j of entry b is written into the caches, in
+    place, at key cache_seqlens[b] + j of its entry (or through page_table),
+    before the attention, which then sees cache_seqlens[b] + seqlen_new keys.
+    No other cache row is written, and cache_seqlens is not changed (as
+    FlashAttention): the caller advances it.
+
+    Rotary embedding (with k and v): rotary_cos and rotary_sin [seqlen_ro,
+    rotary_dim / 2] in q's dtype, rotary_dim a multiple of 16 up to head_dim,
+    seqlen_ro at least an entry's capacity. The first rotary_dim dims of
+    the new keys are rotated at positions cache_seqlens[b] + j before they
+    are stored, and those of q (read, not changed) at cache_seqlens[b] + i
+    for query row i with causal or a window, else at cache_seqlens[b].
+    rotary_interleaved: pairs (2i, 2i + 1) (GPT-J), else (i, i + rotary_dim
+    / 2) (GPT-NeoX).
+
     The index tensors live on the device and are trusted, not read here:
-    0 <= cache_leftpad[b], cache_seqlens[b] <= max_len, 0 <=
-    cache_batch_idx[b] < batch_cache; anything else is undefined. The cache's
-    rows past cache_seqlens[b] up to the end of its last key block are read
-    (their scores masked): they must be finite (a zero-initialised cache is).
-    The caches are not changed.
+    0 <= cache_leftpad[b], cache_seqlens[b] <= max_len (with k:
+    cache_seqlens[b] + seqlen_new <= max_len), 0 <= cache_batch_idx[b] <
+    batch_cache; anything else is undefined. The cache's rows past the last
+    key up to the end of its last key block are read (their scores masked):
+    they must be finite (a zero-initialised cache is). Without k the caches
+    are not changed.
 
     num_splits: split-KV over the keys when batch x heads x query blocks
     cannot fill the GPU; 0 lets flash3 choose, 1 never splits, up to 128.
@@ -529,12 +609,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     log-sum-exp of each row (+inf for a row that sees no key, without sinks).
     Not differentiable (inference).
 
-    k, v (append), rotary_cos, rotary_sin, rotary_seqlens, qv, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, the FP8
+    rotary_seqlens, qv, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, the FP8
     descales, attention_chunk, scheduler_metadata, pack_gqa and sm_margin are
     FlashAttention-3's; any value but the default raises NotImplementedError.
     """
-    _not_supported(k=(k, None), v=(v, None), qv=(qv, None), rotary_cos=(rotary_cos, None),
-                   rotary_sin=(rotary_sin, None), rotary_seqlens=(rotary_seqlens, None),
+    _not_supported(qv=(qv, None), rotary_seqlens=(rotary_seqlens, None),
                    cu_seqlens_q=(cu_seqlens_q, None),
                    cu_seqlens_k_new=(cu_seqlens_k_new, None), max_seqlen_q=(max_seqlen_q, None),
                    q_descale=(q_descale, None), k_descale=(k_descale, None), v_descale=(v_descale, None),
@@ -548,6 +627,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         for name, given in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
             if given is not None:
                 raise ValueError(f"{name}: a paged cache (page_table) takes none, as FlashAttention")
+    _check_append(q, k_cache, v_cache, k, v, max_len)
+    rotary = _checked_rotary(q, k, rotary_cos, rotary_sin, rotary_interleaved, max_len)
+    if k is not None and cache_seqlens is None:
+        raise ValueError("cache_seqlens: needed with k and v (the new rows go after each entry's cache_seqlens)")
+    if k is not None and isinstance(cache_seqlens, numbers.Integral) and cache_seqlens + k.shape[1] > max_len:
+        raise ValueError(f"cache_seqlens: {cache_seqlens} plus k's {k.shape[1]} new rows pass an entry's capacity "
+                         f"{max_len}")
     cache_seqlens = _checked_cache_seqlens(cache_seqlens, batch, max_len, q.device)
     if cache_batch_idx is not None:
         cache_batch_idx = _checked_index_tensor("cache_batch_idx", cache_batch_idx, batch, q.device)
@@ -560,8 +646,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     sinks = _checked_sinks(sinks, q)
     mask = (*_checked_window(window_size, causal), _checked_softcap(softcap))
     softmax_scale = _checked_scale(softmax_scale, q)
+    cos, sin, interleaved = rotary or (None, None, False)
     out, lse = _ops.kvcache_fwd(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale,
-                                bool(causal), num_splits, sinks, *mask, page_table)
+                                bool(causal), num_splits, sinks, *mask, page_table, k, v, cos, sin, interleaved)
     return (out, lse) if return_softmax_lse else out
 
 

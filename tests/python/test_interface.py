@@ -541,8 +541,7 @@ def _bad_kvcache_calls():
     f = flash3.flash_attn_with_kvcache
     i32 = torch.int32
     later = [(name, {name: value}) for name, value in (
-        ("k", meta(2, 1, 2, 128)), ("v", meta(2, 1, 2, 128)), ("rotary_cos", meta(300, 64)),
-        ("rotary_sin", meta(300, 64)), ("qv", meta(2, 1, 8, 128)),
+        ("qv", meta(2, 1, 8, 128)),
         ("cu_seqlens_q", meta(3, dtype=i32)), ("max_seqlen_q", 1), ("rotary_seqlens", meta(2, dtype=i32)),
         ("q_descale", meta(1, dtype=torch.float32)), ("attention_chunk", 64), ("scheduler_metadata", meta(8)),
         ("pack_gqa", True), ("sm_margin", 4))]
@@ -578,6 +577,7 @@ def _bad_kvcache_calls():
         ("kvcache scale", lambda: f(q, kc, vc, softmax_scale=0.0), ValueError, "softmax_scale"),
         ("kvcache sinks", lambda: f(q, kc, vc, sinks=meta(2)), ValueError, "sinks: must have shape (8,)"),
         *_bad_paged_calls(),
+        *_bad_append_calls(),
     ]
 
 
@@ -610,6 +610,52 @@ def _bad_paged_calls():
          "cache_leftpad: a paged cache"),
         ("paged seqlens", lambda: f(q, kc, vc, page_table=table, cache_seqlens=321), ValueError,
          "cache_seqlens: must be in [0, 320]"),
+    ]
+
+
+def _bad_append_calls():
+    q, kc, vc, lens = cache()
+    f = flash3.flash_attn_with_kvcache
+    new = meta(2, 3, 2, 128)
+    cos = meta(300, 32)
+
+    def call(**kw):
+        args = dict(k=new, v=new, cache_seqlens=lens, rotary_cos=cos, rotary_sin=cos)
+        args.update(kw)
+        return lambda: f(q, kc, vc, **args)
+
+    return [
+        ("append v missing", call(v=None), ValueError, "v: None, but k given"),
+        ("append k missing", call(k=None), ValueError, "k: None, but v given"),
+        ("append k dims", call(k=meta(2, 3, 256)), ValueError, "k: must have 4 dims"),
+        ("append k dtype", call(k=new.half()), ValueError, "k: dtype must be the caches'"),
+        ("append k device", call(k=torch.empty(2, 3, 2, 128, dtype=BF16)), ValueError, "k: must be on q's device"),
+        ("append k heads", call(k=meta(2, 3, 4, 128)), ValueError, "k: must have shape"),
+        ("append k batch", call(k=meta(3, 3, 2, 128)), ValueError, "k: must have shape"),
+        ("append v rows", call(v=meta(2, 4, 2, 128)), ValueError, "v: must have shape"),
+        ("append v head dim", call(v=meta(2, 3, 2, 64)), ValueError, "v: must have shape"),
+        ("append empty", call(k=meta(2, 0, 2, 128), v=meta(2, 0, 2, 128)), ValueError, "k: seqlen_new"),
+        ("append too long", call(k=meta(2, 301, 2, 128), v=meta(2, 301, 2, 128)), ValueError, "k: seqlen_new"),
+        ("append strided cache", lambda: f(q, meta(3, 300, 2, 256)[..., ::2], vc, k=new, v=new, cache_seqlens=lens),
+         ValueError, "k_cache: appending k and v writes it in place"),
+        ("append no seqlens", call(cache_seqlens=None), ValueError, "cache_seqlens: needed with k and v"),
+        ("append seqlens int", call(cache_seqlens=298), ValueError, "cache_seqlens: 298 plus k's 3 new rows"),
+        ("rotary sin missing", call(rotary_sin=None), ValueError, "rotary_sin: None, but rotary_cos given"),
+        ("rotary cos missing", call(rotary_cos=None), ValueError, "rotary_cos: None, but rotary_sin given"),
+        ("rotary without k", call(k=None, v=None), ValueError, "rotary_cos: rotary embedding rotates"),
+        ("rotary dims", call(rotary_cos=meta(300)), ValueError, "rotary_cos: must have 2 dims"),
+        ("rotary dtype", call(rotary_sin=meta(300, 32, dtype=torch.float32)), ValueError,
+         "rotary_sin: dtype must be q's"),
+        ("rotary device", call(rotary_cos=torch.empty(300, 32, dtype=BF16)), ValueError,
+         "rotary_cos: must be on q's device"),
+        ("rotary type", call(rotary_sin=[[1.0]]), ValueError, "rotary_sin: must be a torch.Tensor"),
+        ("rotary shapes", call(rotary_sin=meta(300, 16)), ValueError, "rotary_sin: shape must be rotary_cos's"),
+        *[(f"rotary dim {2 * n}", call(rotary_cos=meta(300, n), rotary_sin=meta(300, n)), ValueError,
+           f"rotary_cos: rotary_dim (twice dim 1) must be a positive multiple of 16 up to head_dim (128), got {2 * n}")
+          for n in (0, 4, 12, 72)],
+        ("rotary seqlen", call(rotary_cos=meta(299, 32), rotary_sin=meta(299, 32)), ValueError,
+         "rotary_cos: seqlen_ro (dim 0) must cover every position of an entry, at least 300"),
+        ("rotary interleaved", call(rotary_interleaved=1), ValueError, "rotary_interleaved: must be a bool"),
     ]
 
 
@@ -649,6 +695,21 @@ def test_paged_kvcache_shapes_on_meta(page_size):
     assert out.shape == q.shape
 
 
+@pytest.mark.parametrize("rotary", [False, True])
+def test_append_kvcache_shapes_on_meta(rotary):
+    q, kc, vc, lens = cache(sq=4, d=192, dv=128)
+    new_k, new_v = meta(2, 4, 2, 192), meta(2, 4, 2, 128)
+    tables = dict(rotary_cos=meta(300, 48), rotary_sin=meta(300, 48), rotary_interleaved=False) if rotary else {}
+    out, lse = flash3.flash_attn_with_kvcache(q, kc, vc, new_k, new_v, cache_seqlens=lens, causal=True,
+                                              return_softmax_lse=True, **tables)
+    assert out.shape == (2, 4, 8, 128) and lse.shape == (2, 8, 4)
+    q, kc, vc, table = paged()
+    out = flash3.flash_attn_with_kvcache(q, kc, vc, meta(2, 1, 2, 128), meta(2, 1, 2, 128), cache_seqlens=319,
+                                         page_table=table, **({**tables, "rotary_cos": meta(320, 8),
+                                                                "rotary_sin": meta(320, 8)} if rotary else {}))
+    assert out.shape == q.shape
+
+
 def test_kvcache_default_fa3_arguments_are_accepted():
     q, kc, vc, lens = cache()
     out = flash3.flash_attn_with_kvcache(q, kc, vc, None, None, None, None, None, lens, None, None, None, None, None,
@@ -666,6 +727,10 @@ def test_kvcache_opcheck_on_meta():
     q, kc, vc, table = paged()
     torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default,
                           (q, kc, vc, lens, None, None, 0.125, True, 0, None, -1, 0, 0.0, table))
+    new, cos = meta(2, 1, 2, 128), meta(320, 32)
+    torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default,
+                          (q, kc, vc, lens, None, None, 0.125, True, 0, None, -1, 0, 0.0, table, new, new, cos, cos,
+                           True))
 
 
 def test_kvcache_compile_fullgraph_on_meta():
