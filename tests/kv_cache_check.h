@@ -1,12 +1,13 @@
-// The KV cache GPU tests' check: flash3's O and LSE of a decoding call
-// against the references, run one batch entry at a time over that entry's
-// keys as a plain tensor.
+// The KV cache GPU tests' call and check: the ForwardArgs of a decoding
+// call, and flash3's O and LSE against the references, run one batch entry
+// at a time over that entry's keys as a plain tensor.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "flash3/flash3.h"
@@ -14,6 +15,42 @@
 #include "reference.h"
 
 namespace flash3::testing {
+
+// A decoding call's sizes and dense tensors: q and o [batch, seqlen_q,
+// heads_q, d], the caches [.., cache_rows, heads_kv, d] with cache_rows an
+// entry's (contiguous cache) or a page's; seqlen_k is an entry's capacity.
+// The kv_cache fields are the caller's to set.
+inline ForwardArgs cache_call(DType dtype, int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int d,
+                              const void* q, const void* k, const void* v, int cache_rows, void* o, float* lse) {
+  ForwardArgs a;
+  a.dtype = dtype;
+  a.batch = batch;
+  a.seqlen_q = seqlen_q;
+  a.seqlen_k = seqlen_k;
+  a.heads_q = heads_q;
+  a.heads_kv = heads_kv;
+  a.head_dim = d;
+  a.q = contiguous(q, seqlen_q, heads_q, d);
+  a.k = contiguous(k, cache_rows, heads_kv, d);
+  a.v = contiguous(v, cache_rows, heads_kv, d);
+  a.o = contiguous(o, seqlen_q, heads_q, d);
+  a.lse = lse;
+  return a;
+}
+
+// Runs the call and waits for it: false when this build has no kernel for
+// it (one narrowed with FLASH3_HEAD_DIMS), said on stdout, or when it fails
+// (a test failure).
+inline bool forward_ran(ForwardArgs const& a) {
+  Status const s = forward(a, nullptr);
+  if (s.code() == Status::Code::kUnsupported) {
+    std::printf("head_dim %d skipped: %s\n", int(a.head_dim), s.message().c_str());
+    return false;
+  }
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return s.ok();
+}
 
 // An entry's keys and values, [1, keys, heads_kv, head_dim], contiguous.
 struct EntryKeys {

@@ -1067,3 +1067,139 @@ def test_paged_kvcache_causal_windows_gqa(gpu, seqlen_q, num_splits):
 @pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
 def test_paged_kvcache_head_dims(gpu, head_dim):
     _check_paged(_paged_case(_page_edges(32, 40), 32, 40, seqlen_q=2, d=head_dim), causal=True)
+
+
+# ---- Appending to the KV cache (k, v, rotary) -------------------------------------
+
+
+def _rotate(x, cos, sin, interleaved):
+    """x [..., d] in float32 rotated over its first rotary_dim = 2 *
+    cos.shape[-1] dims by the angles cos, sin [..., rotary_dim / 2]: pairs
+    (2i, 2i + 1) interleaved, else (i, i + rotary_dim / 2); the rest stays."""
+    rd = 2 * cos.shape[-1]
+    rot, rest = x[..., :rd], x[..., rd:]
+    if interleaved:
+        x0, x1 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).flatten(-2)
+    else:
+        x0, x1 = rot.chunk(2, dim=-1)
+        out = torch.cat((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
+    return torch.cat((out, rest), dim=-1)
+
+
+def _rotary_tables(seqlen_ro, rotary_dim, dtype):
+    freq = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64, device="cuda") / rotary_dim)
+    angle = torch.arange(seqlen_ro, dtype=torch.float64, device="cuda")[:, None] * freq
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def _check_append(seqlens, seqlen_new, seqlen_q=1, capacity=512, page_size=0, hq=8, hkv=2, d=128, dtype=BF16,
+                  rotary_dim=0, interleaved=True, causal=False, window=(-1, -1), permute=False, pad=False,
+                  num_splits=0, seed=0):
+    """Appends seqlen_new rows per entry to a contiguous cache (page_size 0)
+    or a paged one, then checks: every cache element but the appended rows
+    unchanged, those rows the new keys (rotated within an ulp) and values,
+    cache_seqlens and q unchanged, and the output against the references
+    over each entry's keys read back from the cache, with q rotated here."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    batch = len(seqlens)
+    rnd = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    if page_size:
+        columns = capacity // page_size
+        owned = [-(-(n + seqlen_new) // page_size) for n in seqlens]
+        pages = sum(owned) + 3
+        order = torch.randperm(pages, generator=torch.Generator().manual_seed(seed)).tolist()
+        table = torch.full((batch, columns), -1, dtype=torch.int32)
+        for b in range(batch):
+            table[b, :owned[b]] = torch.tensor(order[:owned[b]], dtype=torch.int32)
+            order = order[owned[b]:]
+        k_cache, v_cache = rnd(pages, page_size, hkv, d), rnd(pages, page_size, hkv, d)
+        row_of = lambda b, j: int(table[b, j // page_size]) * page_size + j % page_size  # noqa: E731
+        extra = dict(page_table=table.cuda())
+    else:
+        k_cache, v_cache = rnd(batch + 2, capacity, hkv, d), rnd(batch + 2, capacity, hkv, d)
+        entry = list(range(batch + 1, 1, -1)) if permute else list(range(batch))
+        row_of = lambda b, j: entry[b] * capacity + j  # noqa: E731
+        extra = dict(cache_batch_idx=torch.tensor(entry, dtype=torch.int32, device="cuda") if permute else None,
+                     cache_leftpad=torch.tensor([min(n, 13 * b % 37) for b, n in enumerate(seqlens)],
+                                                dtype=torch.int32, device="cuda") if pad else None)
+    q, k, v = rnd(batch, seqlen_q, hq, d), rnd(batch, seqlen_new, hkv, d), rnd(batch, seqlen_new, hkv, d)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    if rotary_dim:
+        cos, sin = _rotary_tables(capacity, rotary_dim, dtype)
+        extra.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
+    before_k, before_v, before_q, before_lens = k_cache.clone(), v_cache.clone(), q.clone(), lens.clone()
+    out, lse = flash3.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, causal=causal,
+                                              window_size=window, num_splits=num_splits, return_softmax_lse=True,
+                                              **extra)
+    assert torch.equal(lens, before_lens) and torch.equal(q, before_q)
+
+    rows = [[row_of(b, seqlens[b] + j) for j in range(seqlen_new)] for b in range(batch)]
+    positions = lens[:, None].long() + torch.arange(seqlen_new, device="cuda")
+    want_k = k.float()
+    if rotary_dim:
+        want_k = _rotate(want_k, cos.float()[positions][:, :, None], sin.float()[positions][:, :, None], interleaved)
+    want_k = want_k.to(dtype)
+    flat = lambda t: t.reshape(-1, hkv, d)  # noqa: E731
+    fresh = torch.zeros(flat(k_cache).shape[0], dtype=torch.bool, device="cuda")
+    fresh[torch.tensor(sum(rows, []), device="cuda")] = True
+    assert torch.equal(flat(k_cache)[~fresh], flat(before_k)[~fresh]), "K cache rows not appended changed"
+    assert torch.equal(flat(v_cache)[~fresh], flat(before_v)[~fresh]), "V cache rows not appended changed"
+    got_k = torch.stack([flat(k_cache)[r] for r in rows])
+    got_v = torch.stack([flat(v_cache)[r] for r in rows])
+    assert torch.equal(got_v, v)
+    ulp = want_k.float().abs().clamp(min=1.0) * (2.0 ** -7 if dtype == BF16 else 2.0 ** -10)
+    assert bool(((got_k.float() - want_k.float()).abs() <= ulp).all()), "appended keys"
+
+    per_row = causal or window != (-1, -1)
+    q_pos = lens[:, None].long() + (torch.arange(seqlen_q, device="cuda") if per_row else 0)
+    q_ref = q
+    if rotary_dim:
+        q_ref = _rotate(q.float(), cos.float()[q_pos][:, :, None], sin.float()[q_pos][:, :, None],
+                        interleaved).to(dtype)
+    scale = d ** -0.5
+    for b in range(batch):
+        first = int(extra["cache_leftpad"][b]) if extra.get("cache_leftpad") is not None else 0
+        keys = [row_of(b, j) for j in range(first, seqlens[b] + seqlen_new)]
+        kb, vb = flat(k_cache)[keys][None], flat(v_cache)[keys][None]
+        ref, ref_lse = reference(q_ref[b:b + 1], kb, vb, causal, scale, None, window, 0.0)
+        low = straightforward(q_ref[b:b + 1], kb, vb, causal, scale, None, window, 0.0)
+        check_output(f"out[{b}]", out[b:b + 1], ref, low)
+        check_lse(lse[b:b + 1], ref_lse)
+
+
+@pytest.mark.parametrize("num_splits", [1, 0, 3])
+@pytest.mark.parametrize("seqlen_new", [1, 5, 130])
+def test_append_kvcache_contiguous(gpu, seqlen_new, num_splits):
+    _check_append([0, 1, 127, 128, 300, 512 - seqlen_new], seqlen_new, num_splits=num_splits, seed=seqlen_new)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("permute,pad", [(True, False), (False, True), (True, True)])
+def test_append_kvcache_batch_idx_leftpad_causal(gpu, permute, pad, num_splits):
+    _check_append([0, 20, 40, 200, 509], 3, seqlen_q=3, causal=True, permute=permute, pad=pad, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 0])
+@pytest.mark.parametrize("seqlen_new", [1, 3, 17])
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_append_paged_kvcache_across_pages(gpu, page_size, seqlen_new, num_splits):
+    lens = [0, page_size - 1, page_size, page_size + 1, 2 * page_size - seqlen_new, 1024 - seqlen_new]
+    _check_append(lens, seqlen_new, capacity=1024, page_size=page_size, num_splits=num_splits, seed=page_size)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rotary_dim", [128, 64, 16])
+def test_append_kvcache_rotary(gpu, rotary_dim, interleaved, num_splits):
+    lens = [0, 15, 64, 333]
+    common = dict(rotary_dim=rotary_dim, interleaved=interleaved, num_splits=num_splits)
+    _check_append(lens, 4, seqlen_q=4, **common)
+    _check_append(lens, 4, seqlen_q=4, page_size=16, causal=True, **common)
+    _check_append(lens, 2, seqlen_q=2, hq=32, hkv=4, pad=True, window=(50, -1), **common)
+
+
+@pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
+def test_append_kvcache_head_dims_fp16_mqa(gpu, head_dim):
+    _check_append([0, 31, 400], 2, page_size=32, d=head_dim, rotary_dim=32, interleaved=True)
+    _check_append([0, 100, 250], 5, seqlen_q=5, hq=16, hkv=1, d=head_dim, dtype=FP16, rotary_dim=32, causal=True)
