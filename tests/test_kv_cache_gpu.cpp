@@ -198,8 +198,10 @@ TEST(KvCache, GqaMqaSoftcapSinksFp16) {
   }
 }
 
-// Split results equal the unsplit ones within float32 rounding: O to one
-// unit in the last place of its 16-bit type, the LSE to float32's.
+// Each split rounds P to 16 bits against its own running max, so split O
+// differs from unsplit O by that rounding: within 2^-7 of the larger of the
+// element and its row's RMS (an element near zero by cancellation keeps its
+// row's error). The LSE within float32 rounding.
 TEST(KvCache, SplitEqualsUnsplit) {
   SKIP_WITHOUT_CUDA_DEVICE();
   CacheCase c{.seqlen_q = 3, .max_len = 4096, .seqlens = {2000, 1, 0, 4096, 129}, .causal = true};
@@ -210,9 +212,15 @@ TEST(KvCache, SplitEqualsUnsplit) {
     c.num_splits = splits;
     CacheResult const split = run_cache_case(c, 500, false);
     ASSERT_EQ(split.o.size(), whole.o.size());
-    for (size_t i = 0; i < whole.o.size(); ++i) {
-      float const x = from_bits(split.o[i], c.dtype), y = from_bits(whole.o[i], c.dtype);
-      ASSERT_LE(std::fabs(x - y), std::ldexp(std::max(std::fabs(y), 1e-3f), -7)) << "O[" << i << "]";
+    size_t const d = size_t(c.head_dim);
+    for (size_t row = 0; row < whole.o.size(); row += d) {
+      float sum_sq = 0.f;
+      for (size_t i = row; i < row + d; ++i) sum_sq += std::pow(from_bits(whole.o[i], c.dtype), 2.f);
+      float const rms = std::sqrt(sum_sq / float(d));
+      for (size_t i = row; i < row + d; ++i) {
+        float const x = from_bits(split.o[i], c.dtype), y = from_bits(whole.o[i], c.dtype);
+        ASSERT_LE(std::fabs(x - y), std::ldexp(std::max({std::fabs(y), rms, 1e-3f}), -7)) << "O[" << i << "]";
+      }
     }
     for (size_t i = 0; i < whole.lse.size(); ++i) {
       if (std::isinf(whole.lse[i])) {

@@ -8,6 +8,7 @@ epsilon; the LSE within 1e-3 relative. FP8 is compared with the attention of
 its dequantized inputs.
 """
 import collections
+import contextlib
 import math
 import random
 
@@ -958,23 +959,39 @@ def test_kvcache_gqa_softcap_sinks(gpu, num_splits):
     _check_kv_cache(*_cache_case([0, 0, 0], seqlen_q=2, max_len=256), sinks=sinks, num_splits=num_splits)
 
 
+@contextlib.contextmanager
+def _skip_unless_built():
+    """Skips a case whose kernels a narrowed build (FLASH3_HEAD_DIMS,
+    FLASH3_DTYPES) left out, with the library's reason."""
+    try:
+        yield
+    except NotImplementedError as e:
+        if "not compiled into this build" not in str(e):
+            raise
+        pytest.skip(str(e))
+
+
 @pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
 def test_kvcache_head_dims(gpu, head_dim):
-    _check_kv_cache(*_cache_case(_CACHE_LENS, seqlen_q=2, d=head_dim), causal=True, num_splits=0)
+    with _skip_unless_built():
+        _check_kv_cache(*_cache_case(_CACHE_LENS, seqlen_q=2, d=head_dim), causal=True, num_splits=0)
 
 
 def test_kvcache_split_equals_unsplit(gpu):
-    """Within float32 rounding: O to one unit in the last place of bfloat16,
-    the LSE to float32's; 64 and 128 splits leave the short entries' last
-    splits without a key."""
+    """Each split rounds P to bfloat16 against its own running max, so O
+    differs by that rounding: within 2^-7 of the larger of the element and
+    its row's RMS (an element near zero by cancellation keeps its row's
+    error); the LSE within float32 rounding. 64 and 128 splits leave the
+    short entries' last splits without a key."""
     q, k_cache, v_cache, lens, _, _ = _cache_case([2000, 1, 0, 4096, 129], seqlen_q=3, max_len=4096)
     call = lambda s: flash3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True,  # noqa: E731
                                                     num_splits=s, return_softmax_lse=True)
     out, lse = call(1)
     for splits in (2, 7, 64, 128):
         o_s, lse_s = call(splits)
-        ulp = out.float().abs().clamp(min=1e-3) * 2.0 ** -7
-        assert bool(((o_s.float() - out.float()).abs() <= ulp).all()), splits
+        rms = out.float().pow(2).mean(dim=-1, keepdim=True).sqrt()
+        tol = torch.maximum(out.float().abs(), rms).clamp(min=1e-3) * 2.0 ** -7
+        assert bool(((o_s.float() - out.float()).abs() <= tol).all()), splits
         assert torch.equal(torch.isinf(lse_s), torch.isinf(lse)), splits
         finite = ~torch.isinf(lse)
         assert torch.allclose(lse_s[finite], lse[finite], rtol=1e-5, atol=1e-5), splits
@@ -1066,7 +1083,8 @@ def test_paged_kvcache_causal_windows_gqa(gpu, seqlen_q, num_splits):
 
 @pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
 def test_paged_kvcache_head_dims(gpu, head_dim):
-    _check_paged(_paged_case(_page_edges(32, 40), 32, 40, seqlen_q=2, d=head_dim), causal=True)
+    with _skip_unless_built():
+        _check_paged(_paged_case(_page_edges(32, 40), 32, 40, seqlen_q=2, d=head_dim), causal=True)
 
 
 # ---- Appending to the KV cache (k, v, rotary) -------------------------------------
@@ -1201,5 +1219,7 @@ def test_append_kvcache_rotary(gpu, rotary_dim, interleaved, num_splits):
 
 @pytest.mark.parametrize("head_dim", interface.HEAD_DIMS)
 def test_append_kvcache_head_dims_fp16_mqa(gpu, head_dim):
-    _check_append([0, 31, 400], 2, page_size=32, d=head_dim, rotary_dim=32, interleaved=True)
-    _check_append([0, 100, 250], 5, seqlen_q=5, hq=16, hkv=1, d=head_dim, dtype=FP16, rotary_dim=32, causal=True)
+    with _skip_unless_built():
+        _check_append([0, 31, 400], 2, page_size=32, d=head_dim, rotary_dim=32, interleaved=True)
+        _check_append([0, 100, 250], 5, seqlen_q=5, hq=16, hkv=1, d=head_dim, dtype=FP16, rotary_dim=32,
+                      causal=True)
