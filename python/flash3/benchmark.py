@@ -6,6 +6,8 @@
   python -m flash3.benchmark --overhead            host time per call, flash3 against SDPA (tiny shape)
   python -m flash3.benchmark --varlen              packed sequences (flash_attn_varlen_func) beside the fixed-length kernel
   python -m flash3.benchmark --hdim 192,192/128    V's head dim of its own (DeepSeek-V3's) beside the symmetric 192
+  python -m flash3.benchmark --decode              decoding from a KV cache (GQA 32/8, head dim 128): GB/s of K and V,
+                                                   contiguous, paged and with an append and rotary, beside SDPA's
   python -m flash3.benchmark --from-json a.json    the table, CSV and plot again from saved runs (no GPU)
 
 Methods: flash3, SDPA's FlashAttention-2 and cuDNN backends, and
@@ -31,7 +33,7 @@ import datetime
 import json
 import sys
 
-from ._bench import overhead, sweep, varlen
+from ._bench import decode, decode_table, overhead, sweep, varlen
 from ._bench.device_info import Telemetry
 from ._bench.methods import CHECK_HEADS, check, failure_reason, load_methods, make_inputs, recording_warnings, workload
 from ._bench.plot import write_plot
@@ -79,6 +81,14 @@ def parse_args(argv):
     p.add_argument("--calls", type=int, default=10000, help="--overhead: calls per method and mode")
     p.add_argument("--varlen", action="store_true",
                    help="packed sequences instead of the sweep: equal lengths and a log-uniform mix of documents")
+    p.add_argument("--decode", action="store_true",
+                   help="the decoding sweep instead: one query a sequence against a full KV cache")
+    p.add_argument("--decode-batch", type=int_list, default=list(decode_table.BATCHES),
+                   help="--decode: batch sizes (default %(default)s)")
+    p.add_argument("--decode-cache", type=int_list, default=list(decode_table.CACHES),
+                   help="--decode: cache lengths (default %(default)s; shapes over 4M tokens are left out)")
+    p.add_argument("--page-size", type=int_list, default=list(decode_table.PAGE_SIZES),
+                   help="--decode: page sizes of the paged runs (default %(default)s)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--csv", help="write the results here, one line per shape and method")
     p.add_argument("--plot", help="write a PNG here (paper Figure 5's layout; needs matplotlib)")
@@ -227,6 +237,27 @@ def run_varlen(torch, args):
     return 0
 
 
+def run_decode(torch, args):
+    telemetry = Telemetry(torch)
+    timer = Timer(torch, regime_of(args), args.reps, telemetry)
+    device = describe_device(torch, telemetry)
+    print(f"device: {device['name']}; regime: {sweep.regime_label(regime_of(args))}; timer: {timer.description()}")
+    print(f"decoding: seqlen_q 1, {decode_table.HEADS_KV * decode_table.GROUP} query heads, "
+          f"{decode_table.HEADS_KV} KV heads, head dim {decode_table.HDIM}, bf16; GB/s of K and V read once")
+    rows = decode.run(torch, timer, args, sys.stderr)
+    print()
+    print(decode_table.format_table(rows))
+    notes = decode_table.format_notes(rows)
+    if notes:
+        print("\n" + "\n".join(notes))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tool": "python -m flash3.benchmark --decode", "argv": sys.argv[1:], "device": device,
+                       "software": software(torch), "regime": regime_of(args), "timer": timer.description(),
+                       "rows": rows}, f, indent=1)
+    return 1 if any(name.startswith("flash3") for r in rows for name in r["not_run"]) else 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.from_json:
@@ -248,6 +279,8 @@ def main(argv=None):
         return 2
     if args.overhead:
         return run_overhead(torch, args)
+    if args.decode:
+        return run_decode(torch, args)
     return run_varlen(torch, args) if args.varlen else run_sweep(torch, args)
 
 

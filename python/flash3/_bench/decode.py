@@ -1,0 +1,143 @@
+"""The decoding benchmark (python -m flash3.benchmark --decode): one new query
+a sequence against a full KV cache, issue 35's sweep, flash3 beside SDPA's
+backends (and FlashAttention-3's flash_attn_with_kvcache where importable),
+timed alike in one process.
+
+Decoding reads each key and value once and does little else, so the measure
+is bandwidth: the bytes of K and V (batch x cache x heads_kv x head_dim x 2
+tensors x 2 bytes) over the call's time. flash3 runs on the contiguous cache,
+on paged copies of it (pages in random order) and with an append of one new
+token with rotary embedding (attending to the same number of keys); the peers
+get the cache in their own layout ([batch, heads_kv, cache, head_dim] for
+SDPA, enable_gqa). Every method is checked against a float32 reference on
+batch entry 0 before it is timed.
+"""
+import statistics
+
+from . import decode_table
+from .methods import failure_reason, recording_warnings
+
+
+def _cache(torch, batch, cache, heads_kv, hdim, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    k, v = (torch.randn(batch, cache, heads_kv, hdim, generator=gen, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))
+    q = torch.randn(batch, 1, heads_kv * decode_table.GROUP, hdim, generator=gen, device="cuda",
+                    dtype=torch.bfloat16)
+    return q, k, v
+
+
+def _paged(torch, k, v, page_size, seed):
+    """k and v as pools of pages in a seeded random order, and the page table."""
+    batch, cache = k.shape[:2]
+    pages = batch * cache // page_size
+    order = torch.randperm(pages, generator=torch.Generator().manual_seed(seed)).cuda()
+    pool = []
+    for t in (k, v):
+        p = torch.empty((pages, page_size) + tuple(t.shape[2:]), device="cuda", dtype=t.dtype)
+        p[order] = t.reshape(pages, page_size, *t.shape[2:])
+        pool.append(p)
+    return pool[0], pool[1], order.view(batch, cache // page_size).to(torch.int32)
+
+
+def _reference(torch, q, k, v):
+    """float32 attention of entry 0's queries over its whole cache: (exact, in bf16 precision)."""
+    group = q.shape[2] // k.shape[2]
+    qf, kf, vf = q[0, 0].float(), k[0].float().repeat_interleave(group, 1), v[0].float().repeat_interleave(group, 1)
+    scale = q.shape[-1] ** -0.5
+    exact = torch.einsum("hd,shd->hs", qf, kf).mul(scale).softmax(-1)
+    out = torch.einsum("hs,shd->hd", exact, vf)
+    # The same attention with S and P rounded to bfloat16, the precision the kernels work in.
+    s = torch.einsum("hd,shd->hs", q[0, 0], k[0].repeat_interleave(group, 1)).float().mul(scale)
+    low = torch.einsum("hs,shd->hd", s.softmax(-1).to(torch.bfloat16), v[0].repeat_interleave(group, 1)).float()
+    return out, low
+
+
+def _checked(torch, fn, reference):
+    """None, or why fn's entry 0 is off the reference (flash3-bench's rule: 2x the bf16 reference's error + 1e-5)."""
+    out = fn()[0, 0].float()
+    exact, low = reference
+    if not torch.isfinite(out).all():
+        return "O: NaN or inf"
+    err, base = (out - exact).abs().max().item(), (low - exact).abs().max().item()
+    return None if err <= 2 * base + 1e-5 else f"O: max error {err:.2e} above 2x bf16's {base:.2e} + 1e-5"
+
+
+def _methods(torch, q, k, v, page_sizes, seed):
+    """(name, make) pairs: make() builds the method's inputs and returns its call (or raises ImportError / any
+    error: the method has no kernel here); the builds are lazy so that one copy of the cache lives at a time."""
+    import flash3
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    lens = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device="cuda")
+
+    def contiguous():
+        return lambda: flash3.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
+
+    def paged(page_size):
+        def make():
+            kp, vp, table = _paged(torch, k, v, page_size, seed)
+            return lambda: flash3.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, page_table=table)
+        return make
+
+    def append_rotary():
+        # The last cache row is the appended token: the same keys are attended, and the row written each call.
+        rotary_dim = q.shape[-1]
+        angle = torch.arange(k.shape[1], device="cuda")[:, None] * 10000.0 ** (
+            -torch.arange(rotary_dim // 2, device="cuda") / (rotary_dim // 2))
+        cos, sin = angle.cos().to(q.dtype), angle.sin().to(q.dtype)
+        k_new, v_new = k[:, -1:].clone(), v[:, -1:].clone()
+        before = lens - 1
+        return lambda: flash3.flash_attn_with_kvcache(q, k, v, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+                                                      cache_seqlens=before)
+
+    def sdpa(backend):
+        def make():
+            qs, ks, vs = q.transpose(1, 2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+
+            def call():
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True).transpose(1, 2)
+            return call
+        return make
+
+    def fa3():
+        import flash_attn_interface
+        return lambda: flash_attn_interface.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
+
+    methods = [("flash3", contiguous)]
+    methods += [(f"flash3 paged {p}", paged(p)) for p in page_sizes]
+    methods += [("flash3 append+rotary", append_rotary), ("sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
+                ("sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION)), ("fa3", fa3)]
+    return methods
+
+
+def run(torch, timer, args, out):
+    """Times the sweep; returns the rows (dicts: the shape, each method's GB/s or why it has none)."""
+    rows = []
+    shapes = decode_table.decode_shapes(args.decode_batch, args.decode_cache)
+    for i, (batch, cache) in enumerate(shapes):
+        q, k, v = _cache(torch, batch, cache, decode_table.HEADS_KV, decode_table.HDIM, seed=100 + i)
+        reference = _reference(torch, q, k, v)
+        kv_bytes = decode_table.kv_bytes(batch, cache)
+        row = {"batch": batch, "cache": cache, "heads_q": q.shape[2], "heads_kv": k.shape[2], "hdim": k.shape[3],
+               "kv_bytes": kv_bytes, "gbps": {}, "not_run": {}}
+        for name, make in _methods(torch, q, k, v, args.page_size, seed=i):
+            with recording_warnings() as caught:
+                try:
+                    fn = make()
+                    failure = _checked(torch, fn, reference) if args.check else None
+                    if failure:
+                        row["not_run"][name] = f"check failed: {failure}"
+                        continue
+                    samples, _ = timer.measure(fn)
+                    row["gbps"][name] = kv_bytes / statistics.median(samples) / 1e6
+                except Exception as e:  # no kernel for the layout, not importable, out of memory
+                    row["not_run"][name] = failure_reason(caught, e)
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(f"[{i + 1}/{len(shapes)}] decode {batch} x {cache}: "
+              + ", ".join(f"{n} {g:.0f}" for n, g in row["gbps"].items()), file=out, flush=True)
+        del q, k, v, reference
+        torch.cuda.empty_cache()
+    return rows
