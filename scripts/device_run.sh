@@ -37,7 +37,7 @@ if has build; then
   [ -n "${BUILD_HEAD_DIMS:-}" ] && narrow+=("-DFLASH3_HEAD_DIMS=$BUILD_HEAD_DIMS")
   cmake -S . -B build-device -G Ninja -DFLASH3_CUTLASS_DIR="$PWD/.deps/cutlass" "${narrow[@]}" \
     -DGTest_DIR="$PWD/.deps/gtest/lib/x86_64-linux-gnu/cmake/GTest" >"$OUT/build.log" 2>&1 &&
-    ninja -C build-device flash3-bench test_gpu flash3_c >>"$OUT/build.log" 2>&1
+    ninja -k 0 -C build-device flash3-bench test_gpu flash3_c >>"$OUT/build.log" 2>&1
   rc=$?
   summary+=("build rc=$rc in $(($(date +%s) - start)) s")
   [ $rc = 0 ] || { grep -m5 -E "error|FAILED" "$OUT/build.log"; exit 1; }
