@@ -1,6 +1,6 @@
 // The KV cache's host side, without a GPU: validate()'s checks of
 // ForwardArgs::kv_cache, the key map, how a tile's key blocks are split, the
-// split scheduler's tiles, and num_splits = 0's choice.
+// split scheduler's tiles, num_splits = 0's choice, and packed GQA's view.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -12,6 +12,7 @@
 #include "expect_invalid.h"
 #include "flash3/flash3.h"
 #include "fwd/kv_split.h"
+#include "fwd/pack_gqa.h"
 #include "valid_args.h"
 
 namespace {
@@ -188,6 +189,66 @@ TEST(KvSplit, Heuristic) {
       EXPECT_LE(s, flash3::kMaxSplits);
     }
   }
+}
+
+// Packed GQA: every query (batch, head) of the decoding call is row head %
+// group of packed head head / group, at the same address in Q and O and the
+// same LSE index.
+TEST(PackGqa, SameElementsAsRowsOfTheGroup) {
+  ForwardArgs a = valid_cache_args();
+  a.heads_q = 8;
+  a.heads_kv = 2;
+  a.q = flash3::contiguous<const void*>(a.q.data, 1, a.heads_q, a.head_dim);
+  a.q.batch_stride += 64;  // a gap between entries
+  a.o = flash3::contiguous<void*>(a.o.data, 1, a.heads_q, a.head_dim);
+  a.causal = true;
+  ASSERT_TRUE(flash3::fwd::packs_gqa(a));
+  ForwardArgs const p = flash3::fwd::packed_gqa(a);
+  int64_t const group = a.heads_q / a.heads_kv;
+  EXPECT_EQ(p.seqlen_q, group);
+  EXPECT_EQ(p.heads_q, a.heads_kv);
+  EXPECT_FALSE(p.causal);
+  for (int64_t b = 0; b < a.batch; ++b) {
+    for (int64_t h = 0; h < a.heads_q; ++h) {
+      int64_t const row = h % group, head = h / group;
+      EXPECT_EQ(b * p.q.batch_stride + row * p.q.seq_stride + head * p.q.head_stride,
+                b * a.q.batch_stride + h * a.q.head_stride);
+      EXPECT_EQ(b * p.o.batch_stride + row * p.o.seq_stride + head * p.o.head_stride,
+                b * a.o.batch_stride + h * a.o.head_stride);
+      // The LSE is [batch, heads, seqlen_q], contiguous.
+      EXPECT_EQ((b * p.heads_q + head) * p.seqlen_q + row, (b * a.heads_q + h) * a.seqlen_q);
+    }
+  }
+}
+
+// Only decoding calls with several query heads a KV head and no per-row
+// position or head (a left window, sinks) are packed.
+TEST(PackGqa, WhichCallsPack) {
+  ForwardArgs a = valid_cache_args();
+  a.heads_q = 8;
+  a.heads_kv = 2;
+  EXPECT_TRUE(flash3::fwd::packs_gqa(a));
+  ForwardArgs mha = a;
+  mha.heads_kv = 8;
+  EXPECT_FALSE(flash3::fwd::packs_gqa(mha));
+  ForwardArgs chunk = a;
+  chunk.seqlen_q = 2;
+  EXPECT_FALSE(flash3::fwd::packs_gqa(chunk));
+  ForwardArgs sinks = a;
+  float const sink = 0.f;
+  sinks.sinks = &sink;
+  EXPECT_FALSE(flash3::fwd::packs_gqa(sinks));
+  ForwardArgs window = a;
+  window.window_left = 16;
+  EXPECT_FALSE(flash3::fwd::packs_gqa(window));
+  window.window_left = a.seqlen_k;  // spans every key: no window
+  EXPECT_TRUE(flash3::fwd::packs_gqa(window));
+  ForwardArgs right = a;
+  right.window_right = 0;
+  EXPECT_TRUE(flash3::fwd::packs_gqa(right));
+  ForwardArgs plain = a;
+  plain.kv_cache.seqlens = nullptr;
+  EXPECT_FALSE(flash3::fwd::packs_gqa(plain));
 }
 
 }  // namespace

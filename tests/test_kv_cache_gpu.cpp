@@ -199,9 +199,11 @@ TEST(KvCache, GqaMqaSoftcapSinksFp16) {
 }
 
 // Each split rounds P to 16 bits against its own running max, so split O
-// differs from unsplit O by that rounding: within 2^-7 of the larger of the
-// element and its row's RMS (an element near zero by cancellation keeps its
-// row's error). The LSE within float32 rounding.
+// differs from unsplit O by that rounding (2^-9 of each term, a few times
+// that of the row's size in the worst of its elements), then by O's own
+// rounding: within 2^-6 of the larger of the element and its row's RMS (an
+// element near zero by cancellation keeps its row's error). The LSE within
+// float32 rounding.
 TEST(KvCache, SplitEqualsUnsplit) {
   SKIP_WITHOUT_CUDA_DEVICE();
   CacheCase c{.seqlen_q = 3, .max_len = 4096, .seqlens = {2000, 1, 0, 4096, 129}, .causal = true};
@@ -219,7 +221,7 @@ TEST(KvCache, SplitEqualsUnsplit) {
       float const rms = std::sqrt(sum_sq / float(d));
       for (size_t i = row; i < row + d; ++i) {
         float const x = from_bits(split.o[i], c.dtype), y = from_bits(whole.o[i], c.dtype);
-        ASSERT_LE(std::fabs(x - y), std::ldexp(std::max({std::fabs(y), rms, 1e-3f}), -7)) << "O[" << i << "]";
+        ASSERT_LE(std::fabs(x - y), std::ldexp(std::max({std::fabs(y), rms, 1e-3f}), -6)) << "O[" << i << "]";
       }
     }
     for (size_t i = 0; i < whole.lse.size(); ++i) {

@@ -25,6 +25,7 @@
 #include "fwd/launch.h"
 #include "fwd/launch_append.h"
 #include "fwd/launch_split.h"
+#include "fwd/pack_gqa.h"
 #include "fwd/traits.h"
 #include "fwd/variants.h"
 
@@ -37,13 +38,15 @@ Status launch_variant(ForwardArgs const& a, DeviceInfo const& device, cudaStream
 }
 
 // A KV cache call: its append first, if it has one (fwd/launch_append.h),
-// then the split kernel when it takes more than one split, else the plain
-// one (both of kBase's mask).
+// its GQA groups packed when it decodes (fwd/pack_gqa.h), then the split
+// kernel when it takes more than one split, else the plain one (both of
+// kBase's mask).
 template <DType kDType, int kHeadDim, int kHeadDimV, Variant kBase>
 Status launch_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   using Plain = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(false), kHeadDimV>;
   using Split = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(true), kHeadDimV>;
-  return with_append(a, stream, [&](ForwardArgs const& attended) {
+  return with_append(a, stream, [&](ForwardArgs const& appended) {
+    ForwardArgs const attended = packs_gqa(appended) ? packed_gqa(appended) : appended;
     int const splits = num_splits_of(attended, device, Split::kBlockM, Split::kBlockN);
     return splits > 1 ? launch_split_forward<Split>(attended, device, splits, stream)
                       : launch_forward<Plain>(attended, device, stream);
@@ -74,7 +77,8 @@ bool launch_if_selected(ForwardArgs const& a, DeviceInfo const& device, cudaStre
       }
       if (a.kv_cache.seqlens != nullptr) {
         if constexpr (kRow.variant.kv_cache_built(kDType)) {
-          status = window || a.causal
+          // A packed GQA call drops its mask (fwd/pack_gqa.h).
+          status = (window || a.causal) && !packs_gqa(a)
                        ? launch_kv_cache<kDType, kHeadDim, kHeadDimV, kRow.variant.with_mask(false, true)>(a, device, stream)
                        : launch_kv_cache<kDType, kHeadDim, kHeadDimV, kRow.variant.with_mask(false, false)>(a, device, stream);
         } else {

@@ -979,10 +979,11 @@ def test_kvcache_head_dims(gpu, head_dim):
 
 def test_kvcache_split_equals_unsplit(gpu):
     """Each split rounds P to bfloat16 against its own running max, so O
-    differs by that rounding: within 2^-7 of the larger of the element and
-    its row's RMS (an element near zero by cancellation keeps its row's
-    error); the LSE within float32 rounding. 64 and 128 splits leave the
-    short entries' last splits without a key."""
+    differs by that rounding (2^-9 of each term), then by O's own: within
+    2^-6 of the larger of the element and its row's RMS (an element near
+    zero by cancellation keeps its row's error); the LSE within float32
+    rounding. 64 and 128 splits leave the short entries' last splits
+    without a key."""
     q, k_cache, v_cache, lens, _, _ = _cache_case([2000, 1, 0, 4096, 129], seqlen_q=3, max_len=4096)
     call = lambda s: flash3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True,  # noqa: E731
                                                     num_splits=s, return_softmax_lse=True)
@@ -990,7 +991,7 @@ def test_kvcache_split_equals_unsplit(gpu):
     for splits in (2, 7, 64, 128):
         o_s, lse_s = call(splits)
         rms = out.float().pow(2).mean(dim=-1, keepdim=True).sqrt()
-        tol = torch.maximum(out.float().abs(), rms).clamp(min=1e-3) * 2.0 ** -7
+        tol = torch.maximum(out.float().abs(), rms).clamp(min=1e-3) * 2.0 ** -6
         assert bool(((o_s.float() - out.float()).abs() <= tol).all()), splits
         assert torch.equal(torch.isinf(lse_s), torch.isinf(lse)), splits
         finite = ~torch.isinf(lse)

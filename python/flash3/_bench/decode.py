@@ -40,17 +40,31 @@ def _paged(torch, k, v, page_size, seed):
     return pool[0], pool[1], order.view(batch, cache // page_size).to(torch.int32)
 
 
-def _reference(torch, q, k, v):
-    """float32 attention of entry 0's queries over its whole cache: (exact, in bf16 precision)."""
-    group = q.shape[2] // k.shape[2]
-    qf, kf, vf = q[0, 0].float(), k[0].float().repeat_interleave(group, 1), v[0].float().repeat_interleave(group, 1)
-    scale = q.shape[-1] ** -0.5
-    exact = torch.einsum("hd,shd->hs", qf, kf).mul(scale).softmax(-1)
-    out = torch.einsum("hs,shd->hd", exact, vf)
-    # The same attention with S and P rounded to bfloat16, the precision the kernels work in.
-    s = torch.einsum("hd,shd->hs", q[0, 0], k[0].repeat_interleave(group, 1)).float().mul(scale)
-    low = torch.einsum("hs,shd->hd", s.softmax(-1).to(torch.bfloat16), v[0].repeat_interleave(group, 1)).float()
+def _reference(torch, q0, k0, v0):
+    """float32 attention of entry 0's queries q0 [heads_q, d] over its cache k0, v0 [cache, heads_kv, d]:
+    (exact, with S and P rounded to bfloat16, the precision the kernels work in)."""
+    group = q0.shape[0] // k0.shape[1]
+    k0, v0 = k0.repeat_interleave(group, 1), v0.repeat_interleave(group, 1)
+    scale = q0.shape[-1] ** -0.5
+    exact = torch.einsum("hd,shd->hs", q0.float(), k0.float()).mul(scale).softmax(-1)
+    out = torch.einsum("hs,shd->hd", exact, v0.float())
+    s = torch.einsum("hd,shd->hs", q0, k0).float().mul(scale)
+    low = torch.einsum("hs,shd->hd", s.softmax(-1).to(q0.dtype), v0).float()
     return out, low
+
+
+def _rotary_tables(torch, positions, rotary_dim, dtype):
+    angle = torch.arange(positions, device="cuda")[:, None] * 10000.0 ** (
+        -torch.arange(rotary_dim // 2, device="cuda") / (rotary_dim // 2))
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def _rotated(torch, x, cos, sin):
+    """GPT-NeoX rotary (pairs (i, i + rotary_dim / 2)) of x [..., d] by one position's tables [rotary_dim / 2],
+    in float32 and rounded once to x's dtype, as the append kernel does."""
+    half = cos.shape[-1]
+    x1, x2, c, s = x[..., :half].float(), x[..., half:2 * half].float(), cos.float(), sin.float()
+    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c, x[..., 2 * half:].float()], -1).to(x.dtype)
 
 
 def _checked(torch, fn, reference):
@@ -64,12 +78,14 @@ def _checked(torch, fn, reference):
 
 
 def _methods(torch, q, k, v, page_sizes, seed):
-    """(name, make) pairs: make() builds the method's inputs and returns its call (or raises ImportError / any
-    error: the method has no kernel here); the builds are lazy so that one copy of the cache lives at a time."""
+    """(name, make, reference) triples: make() builds the method's inputs and returns its call (or raises: the
+    method has no kernel here), lazily, so that one copy of the cache lives at a time; reference is entry 0's
+    (exact, low) for the check. The append runs last: it writes the cache's last row."""
     import flash3
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     lens = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device="cuda")
+    plain = _reference(torch, q[0, 0], k[0], v[0])
 
     def contiguous():
         return lambda: flash3.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
@@ -79,17 +95,6 @@ def _methods(torch, q, k, v, page_sizes, seed):
             kp, vp, table = _paged(torch, k, v, page_size, seed)
             return lambda: flash3.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, page_table=table)
         return make
-
-    def append_rotary():
-        # The last cache row is the appended token: the same keys are attended, and the row written each call.
-        rotary_dim = q.shape[-1]
-        angle = torch.arange(k.shape[1], device="cuda")[:, None] * 10000.0 ** (
-            -torch.arange(rotary_dim // 2, device="cuda") / (rotary_dim // 2))
-        cos, sin = angle.cos().to(q.dtype), angle.sin().to(q.dtype)
-        k_new, v_new = k[:, -1:].clone(), v[:, -1:].clone()
-        before = lens - 1
-        return lambda: flash3.flash_attn_with_kvcache(q, k, v, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
-                                                      cache_seqlens=before)
 
     def sdpa(backend):
         def make():
@@ -105,10 +110,25 @@ def _methods(torch, q, k, v, page_sizes, seed):
         import flash_attn_interface
         return lambda: flash_attn_interface.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
 
-    methods = [("flash3", contiguous)]
-    methods += [(f"flash3 paged {p}", paged(p)) for p in page_sizes]
-    methods += [("flash3 append+rotary", append_rotary), ("sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
-                ("sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION)), ("fa3", fa3)]
+    # The appended token is the cache's last row, rotated (GPT-NeoX) at its position, as is the query: the
+    # same number of keys as the plain call, and that row written on every call.
+    last = k.shape[1] - 1
+    cos, sin = _rotary_tables(torch, k.shape[1], q.shape[-1], q.dtype)
+    k_new, v_new = k[:, last:].clone(), v[:, last:].clone()
+    k0 = k[0].clone()
+    k0[last] = _rotated(torch, k_new[0, 0], cos[last], sin[last])
+    appended = _reference(torch, _rotated(torch, q[0, 0], cos[last], sin[last]), k0, v[0])
+    del k0
+
+    def append_rotary():
+        return lambda: flash3.flash_attn_with_kvcache(q, k, v, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin,
+                                                      cache_seqlens=lens - 1, rotary_interleaved=False)
+
+    methods = [("flash3", contiguous, plain)]
+    methods += [(f"flash3 paged {p}", paged(p), plain) for p in page_sizes]
+    methods += [("sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION), plain),
+                ("sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION), plain), ("fa3", fa3, plain),
+                ("flash3 append+rotary", append_rotary, appended)]
     return methods
 
 
@@ -118,11 +138,10 @@ def run(torch, timer, args, out):
     shapes = decode_table.decode_shapes(args.decode_batch, args.decode_cache)
     for i, (batch, cache) in enumerate(shapes):
         q, k, v = _cache(torch, batch, cache, decode_table.HEADS_KV, decode_table.HDIM, seed=100 + i)
-        reference = _reference(torch, q, k, v)
         kv_bytes = decode_table.kv_bytes(batch, cache)
         row = {"batch": batch, "cache": cache, "heads_q": q.shape[2], "heads_kv": k.shape[2], "hdim": k.shape[3],
                "kv_bytes": kv_bytes, "gbps": {}, "not_run": {}}
-        for name, make in _methods(torch, q, k, v, args.page_size, seed=i):
+        for name, make, reference in _methods(torch, q, k, v, args.page_size, seed=i):
             with recording_warnings() as caught:
                 try:
                     fn = make()
@@ -138,6 +157,6 @@ def run(torch, timer, args, out):
         rows.append(row)
         print(f"[{i + 1}/{len(shapes)}] decode {batch} x {cache}: "
               + ", ".join(f"{n} {g:.0f}" for n, g in row["gbps"].items()), file=out, flush=True)
-        del q, k, v, reference
+        del q, k, v
         torch.cuda.empty_cache()
     return rows
