@@ -148,6 +148,10 @@ struct Varlen {
 // seqlens[b] - leftpad[b] keys, to which the causal mask and the window are
 // aligned as in ForwardArgs (query i sees up to key seqlens[b] - seqlen_q + i
 // of the cache row). Softcap, sinks, GQA and the LSE as in ForwardArgs.
+// Decoding (seqlen_q 1) with several query heads a KV head and neither a
+// left window nor sinks runs each KV head's query heads as the rows of one
+// tile (packed GQA, src/fwd/pack_gqa.h): each K and V block is read once per
+// KV head.
 // The arrays are device memory, trusted, not read on the host: int32
 // [batch], 0 <= leftpad[b] (a leftpad past seqlens[b] leaves no key),
 // seqlens[b] <= seqlen_k, 0 <= batch_idx[b] < batch_cache. The forward reads
