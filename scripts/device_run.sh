@@ -7,7 +7,7 @@
 # carried in .device/ (scripts/stage_device.sh), or built here by the stage
 # `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
 #   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize sanitize_varlen bench bwd
-#                                       pair fp8 ablation compare sustained match ab features varlen
+#                                       pair fp8 ablation compare sustained match ab features varlen decode
 #                                       (default: test python sanitize bench bwd fp8 ablation compare)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter); BUILD_DTYPES and
 # BUILD_HEAD_DIMS narrow the stage build (CMake's FLASH3_DTYPES,
@@ -305,6 +305,14 @@ if has varlen; then
     --gap-ms 50 --json "$OUT/varlen_fp8.json" >"$OUT/varlen_fp8.txt" 2>"$OUT/varlen_fp8.err"
   summary+=("varlen e4m3 rc=$?")
   tail -16 "$OUT/varlen_fp8.txt"
+fi
+# Decoding from a KV cache (issue 35's sweep): GB/s of K and V, flash3
+# contiguous, paged and appending with rotary, beside SDPA's backends.
+if has decode; then
+  timeout 400 "${py[@]}" -m flash3.benchmark --decode --gap-ms 50 --json "$OUT/decode.json" \
+    >"$OUT/decode.txt" 2>"$OUT/decode.err"
+  summary+=("decode rc=$?")
+  grep -E '^\|' "$OUT/decode.txt"
 fi
 has sustained && peers peers_sustained --sustained
 

@@ -22,6 +22,8 @@ The data folder holds (all but gpu.txt optional):
   fp8_accuracy.txt   flash3-bench --fp8-accuracy's table (paper Table 3)
   varlen.json, varlen_fp8.json   python -m flash3.benchmark --varlen --json (16-bit; --dtype e4m3 --pass fwd):
                      packed sequences against the fixed-length kernel, in one regime
+  decode.json        python -m flash3.benchmark --decode --json: decoding from a KV cache, GB/s of K and V,
+                     flash3 (contiguous, paged, appending with rotary) beside SDPA's backends, one process
   clocks.txt         scripts/clock_summary.py's line (--import makes it from clocks.csv)
   notes.md           anything said by hand about the run, shown under the header
   compare.json       runs from before peers*.json: SDPA's backends timed in a separate process beside
@@ -51,10 +53,11 @@ DEFAULT_DATA = ROOT / "docs" / "perf-data"
 # bench_pair*.json: the stage pair's 192 and 192/128 rows, in the same tables as the sweep's.
 BENCH_FILES = ("bench.json", "bench_bwd.json", "bench_pair.json", "bench_pair_bwd.json", "bench_fp8.json")
 VARLEN_FILES = ("varlen.json", "varlen_fp8.json")
+DECODE_FILE = "decode.json"
 PEERS_GLOB = "peers*.json"
 SEPARATE_PEERS = "compare.json"
 INPUT_FILES = ("gpu.txt",) + BENCH_FILES + ("bench_bwd_det.json", "ablation.json", SEPARATE_PEERS,
-                                            "fp8_accuracy.txt", "clocks.txt") + VARLEN_FILES
+                                            "fp8_accuracy.txt", "clocks.txt") + VARLEN_FILES + (DECODE_FILE,)
 # hdim_v: V's head dim (hdim where a file has none), so that 192 / 128 is a row of its own beside 192.
 SHAPE_KEYS = ("pass", "dtype", "hdim", "hdim_v", "causal", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv")
 PASS_ORDER = ("fwd", "bwd", "fwd+bwd")
@@ -135,6 +138,7 @@ def clock_summary():
 # The benchmark's pure parts (standard library only): its regimes, their labels, and how runs merge.
 sweep = module_at("flash3_bench_sweep", ROOT / "python" / "flash3" / "_bench" / "sweep.py")
 figure = module_at("flash3_bench_plot", ROOT / "python" / "flash3" / "_bench" / "plot.py")
+decode_table = module_at("flash3_bench_decode_table", ROOT / "python" / "flash3" / "_bench" / "decode_table.py")
 
 
 def read_gpu(text):
@@ -197,6 +201,7 @@ def load(data):
     # The packed sequences' files, one table: the first one's regime and timer, every file's rows.
     varlen = [js(name) for name in VARLEN_FILES if js(name)]
     run["varlen"] = dict(varlen[0], rows=[r for v in varlen for r in v["rows"]]) if varlen else None
+    run["decode"] = js(DECODE_FILE)
     for name in BENCH_FILES:
         run["bench"] += js(name) or []
     accuracy = text("fp8_accuracy.txt")
@@ -581,6 +586,27 @@ def varlen_section(run):
     return out + [md_table(header, body), ""]
 
 
+def decode_section(run):
+    """Decoding from a KV cache (issue 35's sweep): GB/s of K and V, flash3 beside SDPA's backends, one process."""
+    out = ["## Decoding from a KV cache", ""]
+    decode = run["decode"]
+    if not decode:
+        return out + [f"Not measured in this run (no {DECODE_FILE}).", ""]
+    out += ["`python -m flash3.benchmark --decode`: one query a sequence against a full cache, "
+            f"{decode_table.HEADS_KV * decode_table.GROUP} query heads and {decode_table.HEADS_KV} KV heads, "
+            f"head dim {decode_table.HDIM}, bf16;",
+            "GB/s of K and V read once (the bytes of both tensors over the call's time). flash3 on the contiguous",
+            "cache, on paged copies of it (pages in random order) and appending one token with rotary embedding;",
+            "SDPA's backends on the cache in their own layout (`enable_gqa`). Each method is checked against a",
+            "float32 reference first; a method without a number says why below the table. The last column names",
+            "the targets of issue 35 the row misses.", "",
+            f"- regime: {sweep.regime_label(decode['regime'])}",
+            f"- timer: {decode.get('timer', 'not recorded')}", "",
+            decode_table.format_table(decode["rows"]), ""]
+    notes = decode_table.format_notes(decode["rows"])
+    return out + (notes + [""] if notes else [])
+
+
 def accuracy_section(run, rows):
     out = ["## Accuracy", "",
            "Each timed shape is first checked against the float32 GPU reference: flash3's largest error must be",
@@ -675,6 +701,7 @@ def report(run, data_label, plot_name):
     out += deterministic_section(run, bench["rows"])
     out += ablation_section(run)
     out += varlen_section(run)
+    out += decode_section(run)
     out += accuracy_section(run, bench["rows"])
     return "\n".join(out).rstrip() + "\n"
 

@@ -42,6 +42,7 @@ def load_in_package(name):
 sweep = load("sweep")
 plot = load("plot")
 overhead = load_in_package("overhead")
+decode_table = load("decode_table")
 
 GAP = {"name": "gap", "gap_ms": 100.0, "scope": "sample"}
 SUSTAINED = {"name": "sustained", "load_s": 2.0}
@@ -403,3 +404,55 @@ def test_varlen_table_names_the_dtype_and_peers_without_a_kernel():
              "sdpa_jagged": "SDPA has no FP8 attention"}]
     assert ("| mix | fwd | e4m3 | 128 | yes | 5 documents, mean 4125 (fixed 4 x 4096) | 900.0 | 855.0 | 0.950 "
             "| n/a | n/a |") in varlen.format_table(rows)
+
+
+# ---- the decode sweep --------------------------------------------------------------------
+
+def test_decode_shapes_keep_the_issues_anchors_under_the_token_cap():
+    shapes = decode_table.decode_shapes()
+    assert {(1, 131072), (8, 32768), (64, 4096)} <= set(shapes)
+    assert all(b * c <= decode_table.MAX_TOKENS for b, c in shapes)
+    assert (64, 131072) not in shapes and (128, 131072) not in shapes
+    assert decode_table.decode_shapes([2], [16, 32]) == [(2, 16), (2, 32)]
+
+
+def test_decode_bytes_are_both_tensors_once():
+    # 8 x 32k tokens, 8 KV heads of 128 bf16 elements, K and V.
+    assert decode_table.kv_bytes(8, 32768) == 2 * 8 * 32768 * 8 * 128 * 2
+
+
+def decode_row(batch, cache, **gbps):
+    return {"batch": batch, "cache": cache, "gbps": {k.replace("_", " ") if k.startswith("flash3_") else k: v
+                                                     for k, v in gbps.items()}, "not_run": {}}
+
+
+def test_decode_targets_per_row():
+    long = decode_row(8, 32768, flash3=3000.0, sdpa_cudnn=2938.0, flash3_paged_16=2800.0)
+    assert decode_table.targets(long) == {">= 1.02 x cuDNN": True, ">= 2.95 TB/s": True,
+                                          "paged 16 >= 0.95 x plain": False}
+    short = decode_row(64, 4096, flash3=2900.0, sdpa_cudnn=2958.0)
+    assert decode_table.targets(short) == {">= 1.02 x cuDNN": False}
+    single = decode_row(1, 131072, flash3=2900.0)
+    assert decode_table.targets(single) == {">= 2.95 TB/s": False, "batch 1 >= 2.9 TB/s": True}
+    assert decode_table.targets(decode_row(1, 1024, sdpa_cudnn=900.0)) == {}
+
+
+def test_decode_table_and_notes():
+    rows = [decode_row(1, 131072, flash3=2604.0, sdpa_cudnn=2769.0, flash3_paged_16=2589.0),
+            dict(decode_row(8, 4096, flash3=1949.0), not_run={"sdpa_cudnn": "no kernel", "fa3": "not importable"})]
+    rows[0]["not_run"] = {"fa3": "not importable"}
+    table = decode_table.format_table(rows).splitlines()
+    assert table[0] == "| batch | cache | flash3 | flash3 paged 16 | SDPA cuDNN | FA3 | flash3 / cuDNN | missed |"
+    assert table[2] == ("| 1 | 131072 | 2604 | 2589 | 2769 | n/a | 0.940 | >= 1.02 x cuDNN; >= 2.95 TB/s; "
+                        "batch 1 >= 2.9 TB/s |")
+    assert table[3] == "| 8 | 4096 | 1949 | n/a | n/a | n/a | n/a | none |"
+    assert decode_table.format_notes(rows) == ["n/a: FA3 (1x131072, 8x4096): not importable",
+                                               "n/a: SDPA cuDNN (8x4096): no kernel"]
+
+
+def test_cli_names_the_decode_sweep_and_its_options():
+    done = run_cli("--help")
+    assert done.returncode == 0, done.stderr
+    for option in ("--decode ", "--decode-batch", "--decode-cache", "--page-size"):
+        assert option in done.stdout
+
