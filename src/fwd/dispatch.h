@@ -6,13 +6,9 @@
 // own generated translation unit (fwd/instantiate.cu.in); V's head dim of its
 // own (a pair of common/head_dims.inc) is built with every technique on, as
 // fwd/variants.h's table builds its ablation rows at head dim 128 only. A KV
-// cache call (ForwardArgs::kv_cache) runs the rows' KV cache kernels
-// (Variant::kv_cache_built): split or not by its number of splits, masked
-// by the window kernel when it has a causal mask or a window. A paged cache
-// is a run-time option of the same kernels (kv_cache.page_table: the
-// producer loads a block as 16-row boxes, Mainloop::Loads::boxes), so it
-// adds no kernel; an append (kv_cache.append) runs its own small kernel
-// before them (fwd/append_kv.h).
+// cache call (ForwardArgs::kv_cache) goes to the KV cache kernels of the
+// rows Variant::kv_cache_built names, compiled in a unit of their own
+// (fwd/dispatch_kv.h).
 #pragma once
 
 #include <string>
@@ -23,9 +19,7 @@
 #include "common/mask.h"
 #include "flash3/flash3.h"
 #include "fwd/launch.h"
-#include "fwd/launch_append.h"
-#include "fwd/launch_split.h"
-#include "fwd/pack_gqa.h"
+#include "fwd/registry.h"
 #include "fwd/traits.h"
 #include "fwd/variants.h"
 
@@ -35,22 +29,6 @@ namespace flash3::fwd {
 template <DType kDType, int kHeadDim, int kHeadDimV, Variant kVariant>
 Status launch_variant(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   return launch_forward<FwdTraits<ElementOf<kDType>, kHeadDim, kVariant, kHeadDimV>>(a, device, stream);
-}
-
-// A KV cache call: its append first, if it has one (fwd/launch_append.h),
-// its GQA groups packed when it decodes (fwd/pack_gqa.h), then the split
-// kernel when it takes more than one split, else the plain one (both of
-// kBase's mask).
-template <DType kDType, int kHeadDim, int kHeadDimV, Variant kBase>
-Status launch_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
-  using Plain = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(false), kHeadDimV>;
-  using Split = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(true), kHeadDimV>;
-  return with_append(a, stream, [&](ForwardArgs const& appended) {
-    ForwardArgs const attended = packs_gqa(appended) ? packed_gqa(appended) : appended;
-    int const splits = num_splits_of(attended, device, Split::kBlockM, Split::kBlockN);
-    return splits > 1 ? launch_split_forward<Split>(attended, device, splits, stream)
-                      : launch_forward<Plain>(attended, device, stream);
-  });
 }
 
 // Launches row I's kernel if the row is built for (kDType, kHeadDim) and the
@@ -77,10 +55,7 @@ bool launch_if_selected(ForwardArgs const& a, DeviceInfo const& device, cudaStre
       }
       if (a.kv_cache.seqlens != nullptr) {
         if constexpr (kRow.variant.kv_cache_built(kDType)) {
-          // A packed GQA call drops its mask (fwd/pack_gqa.h).
-          status = (window || a.causal) && !packs_gqa(a)
-                       ? launch_kv_cache<kDType, kHeadDim, kHeadDimV, kRow.variant.with_mask(false, true)>(a, device, stream)
-                       : launch_kv_cache<kDType, kHeadDim, kHeadDimV, kRow.variant.with_mask(false, false)>(a, device, stream);
+          status = run_kv_cache_instance<kDType, kHeadDim, kHeadDimV>(a, device, stream);  // its own unit
         } else {
           status = Status(Status::Code::kUnsupported, "kv_cache: no KV cache kernel for these options or dtype");
         }

@@ -11,4 +11,10 @@ namespace flash3::fwd {
 template <DType kDType, int kHeadDim, int kHeadDimV>
 Status run_forward_instance(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream);
 
+// A KV cache call (ForwardArgs::kv_cache) of a 16-bit instance: defined in
+// the instance's KV unit (fwd/instantiate_kv.cu.in), called by its forward
+// unit's dispatch.
+template <DType kDType, int kHeadDim, int kHeadDimV>
+Status run_kv_cache_instance(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream);
+
 }  // namespace flash3::fwd

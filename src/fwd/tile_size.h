@@ -23,8 +23,9 @@ struct TileSize {
 };
 
 // head_dim is Q's and K's, head_dim_v V's (and O's). extra_mask_registers: a
-// window's kernel, or packed sequences' causal one, whose masks hold more
-// registers than the plain causal mask's.
+// window's kernel, packed sequences' causal one, or a KV cache's (each
+// entry's lengths and, split, the split's range), which hold more registers
+// than the plain kernels.
 constexpr TileSize tile_size(int head_dim, int head_dim_v, bool fp8, bool extra_mask_registers = false) {
   if (fp8) {
     // Head dim 64: three consumer warpgroups as for BF16, and a third stage
@@ -44,8 +45,9 @@ constexpr TileSize tile_size(int head_dim, int head_dim_v, bool fp8, bool extra_
     // since each warpgroup walks only the key blocks its own rows see
     // (Mainloop::mma), so a taller tile meets no more diagonal blocks.
     // A window's kernel masks both edges of its blocks, packed sequences'
-    // causal kernel reads each sequence's lengths: at d = 64 their three
-    // warpgroups' 160 registers spill, two warpgroups' 240 do not.
+    // causal kernel and the KV cache's read each sequence's lengths: at
+    // d = 64 their three warpgroups' 160 registers spill, two warpgroups'
+    // 240 do not. (Decoding's packed GQA rows fill few of 128 anyway.)
     case 64: return extra_mask_registers ? TileSize{128, 128, 2} : TileSize{192, 128, 2};
     case 96: return {128, 128, 2};
     case 128: return {128, 128, 2};

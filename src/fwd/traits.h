@@ -49,7 +49,7 @@ struct FwdTraits {
   // consumers issue the TMA loads themselves, between their GEMMs.
   static constexpr bool kWarpSpecialized = kVariant.warp_specialization;
 
-  static constexpr TileSize kTile = tile_size(kHeadDim, kHeadDimV, kFp8, kWindow || (kPacked && kCausal));
+  static constexpr TileSize kTile = tile_size(kHeadDim, kHeadDimV, kFp8, kWindow || (kPacked && kCausal) || kKvCache);
   // OnlineSoftmax's lazy row max, where skipping O's rescale (dv/2 multiplies
   // per thread and key block) pays for the check: from O's head dim 128 on.
   static constexpr bool kLazyRowMax = !kFp8 && kHeadDimV >= 128;

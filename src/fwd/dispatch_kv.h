@@ -1,0 +1,55 @@
+// The KV cache kernels' dispatch (ForwardArgs::kv_cache), compiled in a unit
+// of their own per (dtype, head dim, V's head dim) (fwd/instantiate_kv.cu.in)
+// beside the forward's, so that the two build in parallel. Four kernels: split
+// or not by the call's number of splits, without a mask or with the window
+// kernel's (a causal mask is window_right 0). A paged cache is a run-time
+// option of the same kernels (kv_cache.page_table: the producer loads a
+// block as 16-row boxes, Mainloop::Loads::boxes), so it adds no kernel; an
+// append (kv_cache.append) runs its own small kernel before them
+// (fwd/launch_append.h); a decoding call's GQA groups are packed into tiles
+// (fwd/pack_gqa.h), a view of the call.
+#pragma once
+
+#include "common/device_info.h"
+#include "common/element.h"
+#include "common/mask.h"
+#include "flash3/flash3.h"
+#include "fwd/launch.h"
+#include "fwd/launch_append.h"
+#include "fwd/launch_split.h"
+#include "fwd/pack_gqa.h"
+#include "fwd/traits.h"
+#include "fwd/variants.h"
+
+namespace flash3::fwd {
+
+// Its append first, if it has one, its GQA groups packed when it decodes,
+// then the split kernel when it takes more than one split, else the plain
+// one (both of kBase's mask).
+template <DType kDType, int kHeadDim, int kHeadDimV, Variant kBase>
+Status launch_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
+  using Plain = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(false), kHeadDimV>;
+  using Split = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(true), kHeadDimV>;
+  return with_append(a, stream, [&](ForwardArgs const& appended) {
+    ForwardArgs const attended = packs_gqa(appended) ? packed_gqa(appended) : appended;
+    int const splits = num_splits_of(attended, device, Split::kBlockM, Split::kBlockN);
+    return splits > 1 ? launch_split_forward<Split>(attended, device, splits, stream)
+                      : launch_forward<Plain>(attended, device, stream);
+  });
+}
+
+// A KV cache call on the variant with every technique on, the one
+// Variant::kv_cache_built names for 16-bit dtypes; masked by the window
+// kernel when it has a causal mask or a window, unless packed GQA drops the
+// mask (fwd/pack_gqa.h).
+template <DType kDType, int kHeadDim, int kHeadDimV>
+Status run_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
+  constexpr Variant kBase{};
+  static_assert(kBase.kv_cache_built(kDType), "KV cache kernels are built for 16-bit dtypes with every technique on");
+  Window const w = window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k);
+  bool const masked = (a.causal || w.left >= 0 || w.right >= 0) && !packs_gqa(a);
+  return masked ? launch_kv_cache<kDType, kHeadDim, kHeadDimV, kBase.with_mask(false, true)>(a, device, stream)
+                : launch_kv_cache<kDType, kHeadDim, kHeadDimV, kBase.with_mask(false, false)>(a, device, stream);
+}
+
+}  // namespace flash3::fwd
