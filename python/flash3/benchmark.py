@@ -112,15 +112,19 @@ def regime_of(args):
     return {"name": "gap", "gap_ms": args.gap_ms, "scope": args.gap_scope}
 
 
+def print_table(table, notes):
+    """A Markdown table after a blank line, then its notes, if any, after another."""
+    print()
+    print(table)
+    if notes:
+        print("\n" + "\n".join(notes))
+
+
 def report(meta, results, args):
     print(sweep.format_header(meta))
     for name, why in meta.get("not_run", {}).items():
         print(f"not run: {sweep.METHODS[name]}: {why}")
-    print()
-    print(sweep.format_table(results))
-    notes = sweep.format_notes(results)
-    if notes:
-        print("\n" + "\n".join(notes))
+    print_table(sweep.format_table(results), sweep.format_notes(results))
     if args.json:
         sweep.write_json(args.json, meta, results)
     if args.csv:
@@ -245,11 +249,7 @@ def run_decode(torch, args):
     print(f"decoding: seqlen_q 1, {decode_table.HEADS_KV * decode_table.GROUP} query heads, "
           f"{decode_table.HEADS_KV} KV heads, head dim {decode_table.HDIM}, bf16; GB/s of K and V read once")
     rows = decode.run(torch, timer, args, sys.stderr)
-    print()
-    print(decode_table.format_table(rows))
-    notes = decode_table.format_notes(rows)
-    if notes:
-        print("\n" + "\n".join(notes))
+    print_table(decode_table.format_table(rows), decode_table.format_notes(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"tool": "python -m flash3.benchmark --decode", "argv": sys.argv[1:], "device": device,

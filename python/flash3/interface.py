@@ -82,26 +82,35 @@ def _check_qkv(q, k, v, dtypes, head_dims=None, dims=4):
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise ValueError(f"{name}: dtype must be q's ({q.dtype}), got {t.dtype}")
-    heads_q, head_dim = q.shape[-2:]
     if dims == 4 and k.shape[0] != q.shape[0]:
         raise ValueError(f"k: batch must be q's ({q.shape[0]}), got {k.shape[0]}")
-    if k.shape[-1] != head_dim:
-        raise ValueError(f"k: head_dim must be q's ({head_dim}), got {k.shape[-1]}")
-    if v.shape[:-1] != k.shape[:-1]:
-        raise ValueError(f"v: shape must be k's {tuple(k.shape)} (but for its head dim), got {tuple(v.shape)}")
     pairs = HEAD_DIM_PAIRS if head_dims is None and q.dtype != _E4M3 else ()
     if head_dims is None:
         head_dims = FP8_HEAD_DIMS if q.dtype == _E4M3 else HEAD_DIMS
+    _check_heads_and_dims(q, k, v, ("k", "v"), head_dims, pairs)
+
+
+def _check_heads_and_dims(q, k, v, names, head_dims, pairs):
+    """k's and v's shapes against q's (their last two modes heads and head
+    dim): k's head dim q's, v's shape k's but for its head dim, q's head dim
+    in head_dims, v's q's or a pair's, k's heads dividing q's."""
+    heads_q, head_dim = q.shape[-2:]
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"{names[0]}: head_dim must be q's ({head_dim}), got {k.shape[-1]}")
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(f"{names[1]}: shape must be {names[0]}'s {tuple(k.shape)} (but for its head dim), "
+                         f"got {tuple(v.shape)}")
     if head_dim not in head_dims:
         raise ValueError(f"q: head_dim {head_dim} is not supported{' with FP8' if head_dims is FP8_HEAD_DIMS else ''}: "
                          f"flash3 has {', '.join(map(str, head_dims))}")
     head_dim_v = v.shape[-1]
     if head_dim_v != head_dim and (head_dim, head_dim_v) not in pairs:
         own = " or ".join(f"{dv} with q's {d}" for d, dv in pairs)
-        raise ValueError(f"v: head_dim must be q's ({head_dim}){', or ' + own if own else ''}, got {head_dim_v}")
+        raise ValueError(f"{names[1]}: head_dim must be q's ({head_dim}){', or ' + own if own else ''}, "
+                         f"got {head_dim_v}")
     heads_kv = k.shape[-2]
     if heads_q == 0 or heads_kv == 0 or heads_q % heads_kv != 0:
-        raise ValueError(f"k: its heads ({heads_kv}) must divide q's ({heads_q}): MHA, GQA or MQA")
+        raise ValueError(f"{names[0]}: its heads ({heads_kv}) must divide q's ({heads_q}): MHA, GQA or MQA")
 
 
 def _scale_granularity(name, t, device, shapes):
@@ -427,21 +436,7 @@ def _check_kv_cache(q, k_cache, v_cache):
     if q.dtype not in _OUT_DTYPES:
         raise ValueError(f"q: dtype {q.dtype} is not supported with a KV cache: flash3 takes torch.bfloat16 or "
                          "torch.float16")
-    head_dim = q.shape[-1]
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"q: head_dim {head_dim} is not supported: flash3 has {', '.join(map(str, HEAD_DIMS))}")
-    if k_cache.shape[-1] != head_dim:
-        raise ValueError(f"k_cache: head_dim must be q's ({head_dim}), got {k_cache.shape[-1]}")
-    if v_cache.shape[:-1] != k_cache.shape[:-1]:
-        raise ValueError(f"v_cache: shape must be k_cache's {tuple(k_cache.shape)} (but for its head dim), "
-                         f"got {tuple(v_cache.shape)}")
-    head_dim_v = v_cache.shape[-1]
-    if head_dim_v != head_dim and (head_dim, head_dim_v) not in HEAD_DIM_PAIRS:
-        own = " or ".join(f"{dv} with q's {d}" for d, dv in HEAD_DIM_PAIRS)
-        raise ValueError(f"v_cache: head_dim must be q's ({head_dim}), or {own}, got {head_dim_v}")
-    heads_q, heads_kv = q.shape[2], k_cache.shape[2]
-    if heads_q == 0 or heads_kv == 0 or heads_q % heads_kv != 0:
-        raise ValueError(f"k_cache: its heads ({heads_kv}) must divide q's ({heads_q}): MHA, GQA or MQA")
+    _check_heads_and_dims(q, k_cache, v_cache, ("k_cache", "v_cache"), HEAD_DIMS, HEAD_DIM_PAIRS)
 
 
 def _checked_cache_seqlens(cache_seqlens, batch, max_len, device):
