@@ -42,6 +42,14 @@ if has build; then
   summary+=("build rc=$rc in $(($(date +%s) - start)) s")
   [ $rc = 0 ] || { grep -m5 -E "error|FAILED" "$OUT/build.log"; exit 1; }
   mkdir -p $B && cp build-device/flash3-bench build-device/tests/test_gpu $B/ && cp .deps/COMMIT $B/COMMIT
+  # The machine code of every kernel (CI checks a subset: .ci/run).
+  if [ ${#narrow[@]} = 0 ]; then
+    find build-device/CMakeFiles/flash3_kernels.dir -name '*.o' -print0 |
+      xargs -0 python3 tests/check_sass.py --cuobjdump "$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)" \
+        --nvdisasm "$(command -v nvdisasm || echo /usr/local/cuda/bin/nvdisasm)" \
+        >"$OUT/sass.log" 2>&1
+    summary+=("sass, every kernel: rc=$? $(tail -1 "$OUT/sass.log")")
+  fi
 fi
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
