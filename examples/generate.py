@@ -17,7 +17,12 @@ decoding is greedy. Both loops run the same weights on the same prompts:
            chosen by flash3)
   sdpa     a contiguous cache [batch, heads_kv, capacity, head_dim] written by
            indexing, rotary in PyTorch, F.scaled_dot_product_attention on the
-           filled part (enable_gqa; causal in the prefill)
+           filled part (enable_gqa; causal in the prefill), the backend
+           PyTorch picks
+  sdpa_flash  the same with SDPA held to its FlashAttention-2 backend: the
+           backend PyTorch picks may build a plan per new key count (cuDNN's
+           are built per shape), which a loop whose cache grows every step
+           pays at every step
 
 It reports tokens per second of the decoding steps (the prefill timed apart)
 and how often the two loops chose the same token: random weights make some
@@ -26,12 +31,15 @@ token changes everything after it, so agreement is counted up to each
 sequence's first difference.
 """
 import argparse
+import contextlib
 import dataclasses
+import functools
 import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 @dataclasses.dataclass
@@ -126,9 +134,11 @@ class Flash3Cache:
 
 
 class SdpaCache:
-    """A contiguous cache per layer in SDPA's layout; rotary in PyTorch."""
+    """A contiguous cache per layer in SDPA's layout; rotary in PyTorch; SDPA
+    held to `backends` (None: PyTorch's pick)."""
 
-    def __init__(self, cfg, capacity, device):
+    def __init__(self, cfg, capacity, device, backends=None):
+        self.backends = backends
         shape = (cfg.batch, cfg.heads_kv, capacity, cfg.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=torch.bfloat16) for _ in range(cfg.layers)]
         self.v = [torch.zeros(shape, device=device, dtype=torch.bfloat16) for _ in range(cfg.layers)]
@@ -140,15 +150,17 @@ class SdpaCache:
         cos, sin = self.cos[self.len:end], self.sin[self.len:end]
         self.k[layer][:, :, self.len:end] = rotate(k, cos, sin).transpose(1, 2)
         self.v[layer][:, :, self.len:end] = v.transpose(1, 2)
-        out = F.scaled_dot_product_attention(rotate(q, cos, sin).transpose(1, 2), self.k[layer][:, :, :end],
-                                             self.v[layer][:, :, :end], is_causal=n > 1, enable_gqa=True)
+        with contextlib.nullcontext() if self.backends is None else sdpa_kernel(self.backends):
+            out = F.scaled_dot_product_attention(rotate(q, cos, sin).transpose(1, 2), self.k[layer][:, :, :end],
+                                                 self.v[layer][:, :, :end], is_causal=n > 1, enable_gqa=True)
         return out.transpose(1, 2)
 
     def advance(self, n):
         self.len += n
 
 
-CACHES = {"flash3": Flash3Cache, "sdpa": SdpaCache}
+CACHES = {"flash3": Flash3Cache, "sdpa": SdpaCache,
+          "sdpa_flash": functools.partial(SdpaCache, backends=[SDPBackend.FLASH_ATTENTION])}
 
 
 @torch.inference_mode()
@@ -217,10 +229,12 @@ def main(argv=None):
     for name, r in results.items():
         print(f"| {name} | {r['prefill_s'] * 1e3:.1f} | {r['tokens_per_s']:.0f} | "
               f"{r['decode_s'] * 1e3 / (cfg.tokens - 1):.2f} |")
-    if len(results) == 2:
-        a, b = results["flash3"], results["sdpa"]
+    a = results.get("flash3")
+    for name, b in results.items():
+        if a is None or name == "flash3":
+            continue
         diff = (a["first_logits"] - b["first_logits"]).abs().max().item()
-        print(f"flash3 / SDPA tokens per second: {a['tokens_per_s'] / b['tokens_per_s']:.2f}; "
+        print(f"flash3 / {name} tokens per second: {a['tokens_per_s'] / b['tokens_per_s']:.2f}; "
               f"tokens agreeing (up to each sequence's first difference): {agreement(a['tokens'], b['tokens']):.3f}; "
               f"largest difference of the prefill's logits: {diff:.3g}")
     return 0

@@ -190,6 +190,26 @@ TEST(CApi, BackwardWorkspaceSize) {
   EXPECT_EQ(std::string(message).rfind("bytes: ", 0), 0u) << message;
 }
 
+TEST(CApi, PlanKvCache) {
+  ForwardArgs a = flash3::testing::valid_cache_args();
+  a.kv_cache.num_splits = 4;
+  int64_t splits = 0;
+  size_t bytes = 0;
+  EXPECT_EQ(flash3_plan_kv_cache(&a, &splits, &bytes, nullptr, 0), kOk);
+  EXPECT_EQ(splits, 4);
+  // 4 splits x 2 entries x 8 heads x 1 query: float32 partial O of 128 columns, then their LSE (256 bytes aligned).
+  EXPECT_EQ(bytes, size_t(4 * 2 * 8 * 128 * 4 + 256));
+  a.kv_cache.num_splits = -2;
+  char message[256];
+  EXPECT_EQ(flash3_plan_kv_cache(&a, &splits, &bytes, message, sizeof message), kInvalidArgument);
+  EXPECT_EQ(splits, 1);
+  EXPECT_EQ(bytes, 0u);
+  EXPECT_EQ(std::string(message).rfind("kv_cache.num_splits", 0), 0u) << message;
+  EXPECT_EQ(flash3_plan_kv_cache(&a, nullptr, &bytes, message, sizeof message), kInvalidArgument);
+  EXPECT_EQ(std::string(message).rfind("num_splits: ", 0), 0u) << message;
+  EXPECT_EQ(flash3_plan_kv_cache(nullptr, &splits, &bytes, message, sizeof message), kInvalidArgument);
+}
+
 TEST(CApi, Fp8Sizes) {
   int64_t q = -1, kv = -1;
   flash3_fp8_block_sizes(128, &q, &kv);

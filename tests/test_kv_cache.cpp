@@ -1,6 +1,7 @@
 // The KV cache's host side, without a GPU: validate()'s checks of
 // ForwardArgs::kv_cache, the key map, how a tile's key blocks are split, the
-// split scheduler's tiles, num_splits = 0's choice, and packed GQA's view.
+// split scheduler's tiles, num_splits = 0's choice, packed GQA's view, and
+// the call's plan and workspace.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -12,6 +13,7 @@
 #include "expect_invalid.h"
 #include "flash3/flash3.h"
 #include "fwd/kv_split.h"
+#include "fwd/kv_workspace.h"
 #include "fwd/pack_gqa.h"
 #include "valid_args.h"
 
@@ -92,6 +94,20 @@ TEST(KvCacheValidation, UnsupportedCombinations) {
   Status const s = flash3::validate(a);
   EXPECT_EQ(s.code(), Status::Code::kUnsupported);
   EXPECT_EQ(s.message().rfind("kv_cache", 0), 0u) << s.message();
+}
+
+TEST(KvCacheValidation, Workspace) {
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.workspace = reinterpret_cast<void*>(0xA0008); },
+                 "kv_cache.workspace");
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.workspace_bytes = 256; }, "kv_cache.workspace_bytes");
+  expect_invalid([](ForwardArgs& a) { a.kv_cache.seqlens = nullptr; a.kv_cache.batch_cache = 0;
+                                      a.kv_cache.num_splits = 1; a.kv_cache.workspace = reinterpret_cast<void*>(0xA0000);
+                                      a.kv_cache.workspace_bytes = 256; },
+                 "kv_cache.workspace");
+  ForwardArgs a = valid_cache_args();
+  a.kv_cache.workspace = reinterpret_cast<void*>(0xA0010);
+  a.kv_cache.workspace_bytes = 16;  // its size is the launch's to check: it depends on the device's choice
+  EXPECT_TRUE(flash3::validate(a).ok());
 }
 
 TEST(KvCacheValidation, ForwardRejectsBeforeTouchingTheDevice) {
@@ -249,6 +265,71 @@ TEST(PackGqa, WhichCallsPack) {
   ForwardArgs plain = a;
   plain.kv_cache.seqlens = nullptr;
   EXPECT_FALSE(flash3::fwd::packs_gqa(plain));
+}
+
+// The parts of the workspace: present only when the call has them, each at
+// a multiple of 128 bytes, none overlapping.
+TEST(KvWorkspace, Layout) {
+  ForwardArgs a = valid_cache_args();  // batch 2, 8 query heads, head dim 128, one query
+  EXPECT_EQ(flash3::fwd::kv_workspace_layout(a, 1).bytes, 0u);
+  flash3::fwd::KvWorkspaceLayout const split = flash3::fwd::kv_workspace_layout(a, 3);
+  size_t const rows = 3 * 2 * 8 * 1;
+  EXPECT_EQ(split.partial_o, 0u);
+  EXPECT_EQ(split.partial_lse, rows * 128 * 4);
+  EXPECT_EQ(split.bytes, rows * 128 * 4 + 256);  // the LSE's 192 bytes, rounded up
+  a.kv_cache.append.seqlen_new = 2;
+  a.head_dim = 192;
+  a.head_dim_v = 128;
+  flash3::fwd::KvWorkspaceLayout const both = flash3::fwd::kv_workspace_layout(a, 3);
+  EXPECT_EQ(both.lengths, 0u);
+  EXPECT_EQ(both.q_rotated, 128u);
+  EXPECT_EQ(both.partial_o, 128u + 2 * 8 * 192 * 2);
+  EXPECT_EQ(both.partial_lse, both.partial_o + rows * 128 * 4);
+  EXPECT_GE(both.bytes, both.partial_lse + rows * 4);
+  for (size_t offset : {both.q_rotated, both.partial_o, both.partial_lse, both.bytes}) EXPECT_EQ(offset % 128, 0u);
+  EXPECT_EQ(flash3::fwd::kv_workspace_layout(a, 1).bytes, 128u + 2 * 8 * 192 * 2);
+}
+
+// The plan's splits are the dispatch's: explicit ones as given, 0 chosen for
+// the packed tiles when GQA packs; its workspace the layout's.
+TEST(KvWorkspace, Plan) {
+  ForwardArgs a = valid_cache_args();
+  a.kv_cache.num_splits = 5;
+  flash3::KvCachePlan plan;
+  ASSERT_TRUE(flash3::plan_kv_cache(a, &plan).ok());
+  EXPECT_EQ(plan.num_splits, 5);
+  EXPECT_EQ(plan.workspace_bytes, flash3::fwd::kv_workspace_layout(a, 5).bytes);
+  a.heads_kv = 2;
+  a.seqlen_k = 32768;
+  a.kv_cache.num_splits = 0;
+  int const tiles = 2 * 2;  // batch x KV heads, each group's 4 query heads one tile
+  int const blocks = 32768 / flash3::fwd::kv_cache_tile(a).block_n;
+  EXPECT_EQ(flash3::fwd::num_splits_of(a, 132), flash3::choose_num_splits(tiles, blocks, 132));
+  ForwardArgs unpacked = a;
+  float const sink = 0.f;
+  unpacked.sinks = &sink;
+  EXPECT_EQ(flash3::fwd::num_splits_of(unpacked, 132), flash3::choose_num_splits(2 * 8, blocks, 132));
+  a.batch = 0;
+  ASSERT_TRUE(flash3::plan_kv_cache(a, &plan).ok());  // nothing to launch: no device needed
+  EXPECT_EQ(plan.num_splits, 1);
+  EXPECT_EQ(plan.workspace_bytes, 0u);
+  a.batch = 2;
+  a.kv_cache.num_splits = 129;
+  plan.num_splits = 7;
+  Status const s = flash3::plan_kv_cache(a, &plan);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("kv_cache.num_splits", 0), 0u) << s.message();
+  EXPECT_EQ(plan.num_splits, 1);
+  a.kv_cache.num_splits = 2;
+  a.kv_cache.append.seqlen_new = -1;
+  EXPECT_EQ(flash3::plan_kv_cache(a, &plan).message().rfind("kv_cache.append.seqlen_new", 0), 0u);
+  a.kv_cache.append.seqlen_new = 0;
+  a.head_dim = 80;
+  EXPECT_EQ(flash3::plan_kv_cache(a, &plan).message().rfind("head_dim", 0), 0u);
+  EXPECT_EQ(flash3::plan_kv_cache(a, nullptr).message().rfind("plan", 0), 0u);
+  a.head_dim = 128;
+  a.kv_cache.seqlens = nullptr;
+  EXPECT_EQ(flash3::plan_kv_cache(a, &plan).message().rfind("kv_cache.seqlens", 0), 0u);
 }
 
 }  // namespace

@@ -42,6 +42,7 @@ struct CacheCase {
   float softcap = 0.f;
   bool sinks = false;
   int num_splits = 1;
+  int workspace = 0;  // kv_cache.workspace: 0 none, 1 of plan_kv_cache's bytes, -1 a byte short of them
 };
 
 struct CacheResult {
@@ -110,9 +111,25 @@ CacheResult run_cache_case(CacheCase const& c, uint32_t seed, bool check = true)
   a.kv_cache.leftpad = c.leftpad ? leftpad.ptr : nullptr;
   a.kv_cache.batch_cache = batch_cache;
   a.kv_cache.num_splits = c.num_splits;
+  flash3::KvCachePlan plan;
+  EXPECT_TRUE(flash3::plan_kv_cache(a, &plan).ok());
+  DeviceBuffer<uint8_t> workspace(std::max<size_t>(plan.workspace_bytes, 1));
+  if (c.workspace != 0) {
+    a.kv_cache.workspace = workspace.ptr;
+    a.kv_cache.workspace_bytes = plan.workspace_bytes - (c.workspace < 0 ? 1 : 0);
+  }
   flash3::Status const s = flash3::forward(a, nullptr);
   if (s.code() == flash3::Status::Code::kUnsupported) {
     result.unsupported = s.message();
+    return result;
+  }
+  if (c.workspace < 0) {  // refused before any launch: O still poisoned
+    EXPECT_EQ(s.code(), flash3::Status::Code::kInvalidArgument) << s.message();
+    EXPECT_EQ(s.message().rfind("kv_cache.workspace_bytes", 0), 0u) << s.message();
+    std::vector<uint16_t> h_o(q_elems);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(h_o.data(), o.ptr, q_elems * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::count(h_o.begin(), h_o.end(), uint16_t(0xffff)), std::ptrdiff_t(q_elems));
     return result;
   }
   EXPECT_TRUE(s.ok()) << s.message();
@@ -231,6 +248,27 @@ TEST(KvCache, SplitEqualsUnsplit) {
         EXPECT_NEAR(split.lse[i], whole.lse[i], 1e-5f * std::max(1.f, std::fabs(whole.lse[i]))) << "LSE[" << i << "]";
       }
     }
+  }
+}
+
+// The caller's workspace (kv_cache.workspace of plan_kv_cache's bytes): O
+// and the LSE bit for bit those of the call's own scratch; a byte short is
+// refused before any launch, O untouched.
+TEST(KvCache, CallersWorkspace) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  CacheCase c{.seqlen_q = 1, .max_len = 4096, .heads_q = 16, .heads_kv = 2, .seqlens = {2000, 1, 0, 4096}};
+  for (int splits : {0, 5}) {
+    SCOPED_TRACE("num_splits " + std::to_string(splits));
+    c.num_splits = splits;
+    c.workspace = 0;
+    CacheResult const own = run_cache_case(c, 700, false);
+    if (!own.unsupported.empty()) GTEST_SKIP() << own.unsupported;
+    c.workspace = 1;
+    CacheResult const callers = run_cache_case(c, 700, false);
+    EXPECT_EQ(callers.o, own.o);
+    EXPECT_EQ(callers.lse, own.lse);
+    c.workspace = -1;
+    run_cache_case(c, 700, false);
   }
 }
 

@@ -175,11 +175,20 @@ struct Varlen {
 //
 // Split-KV: when batch x heads_q x query blocks cannot fill the GPU, each
 // tile's key blocks are split into num_splits contiguous runs over CTAs,
-// whose float32 partial O and LSE (stream-ordered scratch memory, allocated
-// and freed on the stream) a second kernel combines into O and the LSE.
-// num_splits: 1 no split, 0 chosen (enough CTAs to fill the SMs, each split
-// at least 4 key blocks; see src/fwd/kv_split.h), up to 128 (splits beyond
-// the key blocks get no key and weigh nothing).
+// whose float32 partial O and LSE (in the call's workspace, below) a second
+// kernel combines into O and the LSE. num_splits: 1 no split, 0 chosen
+// (enough CTAs to fill the SMs, each split at least 4 key blocks; see
+// src/fwd/kv_split.h), up to 128 (splits beyond the key blocks get no key
+// and weigh nothing).
+//
+// The call's scratch (split-KV's partials, an append's lengths and Q's
+// rotated copy) is one block: kv_cache.workspace, of plan_kv_cache's bytes
+// or more, 16-byte aligned, used by no other call running at the same time;
+// or, with workspace nullptr, memory allocated and freed on the stream by
+// each call. A caller whose allocator must own every allocation (CUDA graph
+// capture under a framework's caching allocator; a fixed memory budget)
+// gives one; a workspace smaller than the call needs is refused before
+// anything is launched.
 // Appending to the cache (FlashAttention's k, v, rotary_cos, rotary_sin):
 // new keys and values k, v [batch, seqlen_new, heads_kv, head_dim] (v:
 // head_dim_v), in the caches' dtype, are written into the caches, key j of
@@ -221,7 +230,10 @@ struct KvCache {
   const int32_t* page_table = nullptr;  // paged cache, optional
   int64_t page_table_stride = 0;        // elements between page_table's rows
   int64_t page_size = 0;                // a page's rows (with page_table only)
-  KvAppend append;                      // new keys and values, or none (last: the C ABI's offsets stay)
+  KvAppend append;                      // new keys and values, or none
+  // The call's scratch, or nullptr (see above). Last, so that the C ABI's offsets stay.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 struct ForwardArgs {
@@ -315,6 +327,23 @@ Status validate(const ForwardArgs& args);
 // capture, the graph's own allocation). With batch or seqlen_q 0 there is
 // nothing to write: it validates and returns, without touching the device.
 Status forward(const ForwardArgs& args, cudaStream_t stream);
+
+// What a KV cache call runs with on the current device (FlashAttention's
+// get_scheduler_metadata): its number of splits (kv_cache.num_splits, or
+// for 0 forward()'s choice, which needs the device's SM count) and the
+// bytes of kv_cache.workspace it needs (0: none). Reads the sizes, head
+// dims, the mask, whether sinks and kv_cache.seqlens (required) are given,
+// kv_cache.num_splits and kv_cache.append.seqlen_new (an append when
+// positive, with room for rotary tables), never a pointer's target, so it
+// can be asked before the other tensors exist. The workspace depends on the splits, not on seqlen_k: a
+// call given the planned num_splits explicitly fits the planned workspace
+// at any cache length. kInvalidArgument naming the argument for sizes that
+// validate() would refuse.
+struct KvCachePlan {
+  int64_t num_splits = 1;
+  size_t workspace_bytes = 0;
+};
+Status plan_kv_cache(const ForwardArgs& args, KvCachePlan* plan);
 
 // The gradients of forward(): dQ, dK, dV from dO, for training.
 struct BackwardArgs {

@@ -48,6 +48,11 @@ int flash3_quantize_fp8(const void* args, void* stream, char* message, size_t me
 /* flash3::backward_workspace_size(args, bytes). */
 int flash3_backward_workspace_size(const void* args, size_t* bytes, char* message, size_t message_size);
 
+/* flash3::plan_kv_cache(args, plan) into *num_splits and *workspace_bytes
+ * (1 and 0 when it fails). */
+int flash3_plan_kv_cache(const void* args, int64_t* num_splits, size_t* workspace_bytes, char* message,
+                         size_t message_size);
+
 /* flash3::fp8_block_sizes (into *q, *kv) and flash3::fp8_scale_count;
  * granularity is ScaleGranularity as an int (0 per tensor, 1 per head, 2 per
  * block); the count is 0 for another value. */

@@ -2,7 +2,8 @@
 
 flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 (packed sequences of different lengths) and flash_attn_with_kvcache
-(decoding against a KV cache) take FlashAttention-3's arguments
+(decoding against a KV cache, with get_scheduler_metadata's plan for CUDA
+graphs) take FlashAttention-3's arguments
 (hopper/flash_attn_interface.py), so that replacing
 `from flash_attn_interface import flash_attn_func` with
 `from flash3 import flash_attn_func` is the whole migration; quantize_fp8
@@ -17,8 +18,8 @@ raises flash3.LibraryError saying why it cannot run.
 """
 from ._abi import LibraryError
 from .interface import (flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func, flash_attn_with_kvcache,
-                        quantize_fp8)
+                        get_scheduler_metadata, quantize_fp8)
 
 __version__ = "0.3.0"
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
-           "quantize_fp8", "LibraryError"]
+           "get_scheduler_metadata", "quantize_fp8", "LibraryError"]

@@ -79,6 +79,8 @@ class KvCache(ctypes.Structure):
         ("page_table_stride", ctypes.c_int64),
         ("page_size", ctypes.c_int64),
         ("append", KvAppend),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_uint64),
     ]
 
 
@@ -258,6 +260,9 @@ class _Library:
         self.quantize_fp8 = fn("flash3_quantize_fp8", ctypes.c_int, [quant, ctypes.c_void_p] + msg)
         self.backward_workspace_size = fn(
             "flash3_backward_workspace_size", ctypes.c_int, [bwd, ctypes.POINTER(ctypes.c_size_t)] + msg)
+        self.plan_kv_cache = fn(
+            "flash3_plan_kv_cache", ctypes.c_int,
+            [fwd, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_size_t)] + msg)
         self.fp8_block_sizes = fn(
             "flash3_fp8_block_sizes", None,
             [ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)])

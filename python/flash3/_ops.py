@@ -41,7 +41,7 @@ _NO_FP8 = (0, 0, 0, 0, 0)  # Fp8Scales of a bf16/fp16 call
 _NO_VARLEN = (0, 0, 0, 0, 0, 0)  # Varlen of a fixed-length batch
 _NO_TENSOR = (0, 0, 0, 0, 1)  # a TensorRef left unset (flash3.h's defaults)
 _NO_APPEND = (*_NO_TENSOR, *_NO_TENSOR, 0, 0, 0, 0, 0, False)  # KvAppend of a call that appends nothing
-_NO_KV_CACHE = (0, 0, 0, 0, 1, 0, 0, 0, *_NO_APPEND)  # KvCache of a call without one (num_splits 1)
+_NO_KV_CACHE = (0, 0, 0, 0, 1, 0, 0, 0, *_NO_APPEND, 0, 0)  # KvCache of a call without one (num_splits 1)
 # The mask policy's scalars, (window_left, window_right, softcap) in
 # flash3.h's order: no window, no softcap.
 _NO_MASK = (-1, -1, 0.0)
@@ -531,12 +531,13 @@ def _append_fields(append):
 
 
 def kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, counter, cache, sinks=None,
-                         mask=_NO_MASK, page_table=None, append=None):
+                         mask=_NO_MASK, page_table=None, append=None, workspace=None):
     """ForwardArgs of a KV cache call; cache is (cache_seqlens, cache_batch_idx,
     cache_leftpad, num_splits), the index tensors int32 [batch] or None;
     page_table int32 [batch, max_pages_per_seq] (columns contiguous) makes the
     caches a pool of pages [num_pages, page_size, ...]; append as
-    _append_fields takes it."""
+    _append_fields takes it; workspace a uint8 tensor the call's scratch
+    lives in (None: the library allocates it on the stream)."""
     seqlens, batch_idx, leftpad, num_splits = cache
     args = _abi.ForwardArgs()
     b, sq, hq, d = q.shape
@@ -549,8 +550,25 @@ def kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, c
                   *_ref(out), 0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
                   _index_ptr(sinks), *_NO_FP8, *_NO_VARLEN, *_ALL_ON, _index_ptr(counter), v_cache.shape[-1],
                   seqlens.data_ptr(), _index_ptr(batch_idx), _index_ptr(leftpad), ks[0], num_splits, *paged,
-                  *_append_fields(append))
+                  *_append_fields(append), *((0, 0) if workspace is None else (workspace.data_ptr(), workspace.numel())))
     return args
+
+
+def plan_kv_cache(cache_seqlens, dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v, causal,
+                  mask, num_splits, seqlen_new, sinks=False):
+    """flash3::plan_kv_cache of a KV cache call of these sizes, the other
+    tensors not needed: (num_splits, workspace bytes) on the current device."""
+    lib = _abi.load()
+    args = _abi.ForwardArgs()
+    append = (*_NO_TENSOR, *_NO_TENSOR, seqlen_new, 0, 0, 0, 0, False)
+    _pack_forward(args, 0, DTYPES[dtype], batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, *_NO_TENSOR,
+                  *_NO_TENSOR, *_NO_TENSOR, *_NO_TENSOR, 0, 0.0, causal, *mask, int(sinks), *_NO_FP8, *_NO_VARLEN,
+                  *_ALL_ON, 0, head_dim_v, cache_seqlens.data_ptr(), 0, 0, 1, num_splits, 0, 0, 0, *append, 0, 0)
+    splits, nbytes = ctypes.c_int64(), ctypes.c_size_t()
+    buf = _abi.message_buffer()
+    _abi.raise_for_status(lib.plan_kv_cache(_byref(args), _byref(splits), _byref(nbytes), buf, _abi.MESSAGE_BYTES),
+                          buf, "plan_kv_cache")
+    return splits.value, nbytes.value
 
 
 def _dense_aligned(t):
@@ -562,7 +580,8 @@ def _dense_aligned(t):
 @_on_tensor_device
 def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
                           cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor], softmax_scale: float,
-                          causal: bool, num_splits: int, sinks: Optional[Tensor] = None, window_left: int = -1,
+                          causal: bool, num_splits: int, workspace: Optional[Tensor],
+                          sinks: Optional[Tensor] = None, window_left: int = -1,
                           window_right: int = -1, softcap: float = 0.0,
                           page_table: Optional[Tensor] = None, k: Optional[Tensor] = None,
                           v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
@@ -580,10 +599,18 @@ def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seq
     out, lse = _forward_outputs(q, v_cache, q.dtype)
     index = q.get_device()
     counter = _tile_counter(index)
+    mask = (window_left, window_right, softcap)
+    if workspace is None and _capturing():
+        # The scratch from the graph's pool, as every allocation under capture.
+        capacity = k_cache.shape[1] * (1 if page_table is None else page_table.shape[1])
+        _, nbytes = plan_kv_cache(cache_seqlens, q.dtype, q.shape[0], q.shape[1], capacity, q.shape[2],
+                                  k_cache.shape[2], q.shape[3], v_cache.shape[3], causal, mask, num_splits,
+                                  0 if k is None else k.shape[1], sinks is not None)
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=index) if nbytes else None
     _run(lib.forward,
          kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, counter,
                               (cache_seqlens, cache_batch_idx, cache_leftpad, num_splits), sinks,
-                              (window_left, window_right, softcap), page_table, append),
+                              mask, page_table, append, workspace),
          _raw_stream(index), "forward")
     return out, lse
 
@@ -594,7 +621,7 @@ kvcache_fwd = torch.library.custom_op("flash3::kvcache_fwd", _kvcache_forward_im
 
 @kvcache_fwd.register_fake
 def _kvcache_forward_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale, causal,
-                          num_splits, sinks=None, window_left=-1, window_right=-1, softcap=0.0, page_table=None,
+                          num_splits, workspace, sinks=None, window_left=-1, window_right=-1, softcap=0.0, page_table=None,
                           k=None, v=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False):
     return _forward_outputs(q, v_cache, q.dtype)
 

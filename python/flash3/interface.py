@@ -542,6 +542,76 @@ def _checked_num_splits(num_splits):
     return int(num_splits)
 
 
+def _positive_int(name, n, least=1):
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < least:
+        raise ValueError(f"{name}: must be an int >= {least}, got {n!r}")
+    return int(n)
+
+
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+                           cache_seqlens, qkv_dtype=torch.bfloat16, headdim_v=None, cu_seqlens_q=None,
+                           cu_seqlens_k_new=None, cache_leftpad=None, page_size=None, max_seqlen_k_new=0,
+                           causal=False, window_size=(-1, -1), attention_chunk=0, has_softcap=False, num_splits=0,
+                           pack_gqa=None, sm_margin=0):
+    """The plan of flash_attn_with_kvcache calls of these sizes, made ahead
+    (FlashAttention-3's signature): pass it as their scheduler_metadata.
+
+    It is the calls' scratch memory (split-KV's partial outputs, an append's
+    lengths and rotated q), allocated here once, with the number of splits
+    chosen now (num_splits 0: flash3's choice for max_seqlen_k keys on this
+    GPU) as its leading dim. A call given it allocates nothing and splits the
+    same way at every cache length, so that it can be captured in a CUDA graph
+    and replayed with new cache_seqlens in fixed memory. Calls that share it
+    must not run at the same time (one stream, or one graph at a time). A
+    call larger than the plan (more batch entries, query rows or heads, new
+    keys when max_seqlen_k_new was 0) raises ValueError naming
+    kv_cache.workspace_bytes. The planned split
+    count assumes no sinks (FlashAttention-3 has none); calls with sinks run
+    with it too.
+
+    cache_seqlens: int32 [batch_size] on the calls' GPU (read for its device
+    only). cu_seqlens_q, cu_seqlens_k_new, attention_chunk, pack_gqa and
+    sm_margin are FlashAttention-3's; any value but the default raises
+    NotImplementedError. cache_leftpad, page_size and has_softcap do not
+    change the plan."""
+    _not_supported(cu_seqlens_q=(cu_seqlens_q, None), cu_seqlens_k_new=(cu_seqlens_k_new, None),
+                   attention_chunk=(attention_chunk, 0), pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
+    batch = _positive_int("batch_size", batch_size, 0)
+    if not isinstance(cache_seqlens, torch.Tensor) or not cache_seqlens.is_cuda:
+        got = "a CPU tensor" if isinstance(cache_seqlens, torch.Tensor) else type(cache_seqlens).__name__
+        raise ValueError(f"cache_seqlens: must be a CUDA tensor (int32 [batch_size]), got {got}")
+    cache_seqlens = _checked_index_tensor("cache_seqlens", cache_seqlens, batch, cache_seqlens.device)
+    if qkv_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"qkv_dtype: must be torch.bfloat16 or torch.float16, got {qkv_dtype}")
+    headdim_v = headdim if headdim_v is None else headdim_v
+    sizes = [_positive_int(name, n, least) for name, n, least in (
+        ("max_seqlen_q", max_seqlen_q, 1), ("max_seqlen_k", max_seqlen_k, 1), ("num_heads_q", num_heads_q, 1),
+        ("num_heads_kv", num_heads_kv, 1), ("headdim", headdim, 1), ("headdim_v", headdim_v, 1),
+        ("max_seqlen_k_new", max_seqlen_k_new, 0))]
+    seqlen_q, seqlen_k, heads_q, heads_kv, d, dv, seqlen_new = sizes
+    mask = (*_checked_window(window_size, causal), 0.0)
+    with torch.cuda.device(cache_seqlens.device):
+        splits, nbytes = _ops.plan_kv_cache(cache_seqlens, qkv_dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+                                            d, dv, bool(causal), mask, _checked_num_splits(num_splits), seqlen_new)
+    # At least a byte a split, so that its pointer is never null (null: "allocate").
+    return torch.empty((splits, max(1, -(-nbytes // splits))), dtype=torch.uint8, device=cache_seqlens.device)
+
+
+def _checked_scheduler_metadata(scheduler_metadata, num_splits, device):
+    """(num_splits, workspace) of a call given get_scheduler_metadata's plan."""
+    m = scheduler_metadata
+    if not (isinstance(m, torch.Tensor) and m.dtype == torch.uint8 and m.dim() == 2 and m.is_contiguous()
+            and m.numel() > 0):
+        raise ValueError("scheduler_metadata: must be what get_scheduler_metadata returned (a contiguous uint8 "
+                         f"[num_splits, n] tensor), got {type(m).__name__ if not isinstance(m, torch.Tensor) else m}")
+    if m.device != device:
+        raise ValueError(f"scheduler_metadata: must be on q's device {device}, got {m.device}")
+    if num_splits not in (0, m.shape[0]):
+        raise ValueError(f"num_splits: {num_splits}, but scheduler_metadata was planned for {m.shape[0]} "
+                         "(pass 0 or the same)")
+    return m.shape[0], m
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
                             cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
@@ -598,6 +668,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
 
     num_splits: split-KV over the keys when batch x heads x query blocks
     cannot fill the GPU; 0 lets flash3 choose, 1 never splits, up to 128.
+    scheduler_metadata: get_scheduler_metadata's plan, the call's scratch
+    memory and split count made ahead (CUDA graphs with fixed memory);
+    without it the call allocates its scratch on the stream (under CUDA graph
+    capture, from the graph's pool).
 
     Returns out [batch, seqlen_q, heads_q, head_dim_v] (q's dtype), and with
     return_softmax_lse (out, lse), lse the float32 [batch, heads_q, seqlen_q]
@@ -605,15 +679,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     Not differentiable (inference).
 
     rotary_seqlens, qv, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, the FP8
-    descales, attention_chunk, scheduler_metadata, pack_gqa and sm_margin are
-    FlashAttention-3's; any value but the default raises NotImplementedError.
+    descales, attention_chunk, pack_gqa and sm_margin are FlashAttention-3's;
+    any value but the default raises NotImplementedError.
     """
     _not_supported(qv=(qv, None), rotary_seqlens=(rotary_seqlens, None),
                    cu_seqlens_q=(cu_seqlens_q, None),
                    cu_seqlens_k_new=(cu_seqlens_k_new, None), max_seqlen_q=(max_seqlen_q, None),
                    q_descale=(q_descale, None), k_descale=(k_descale, None), v_descale=(v_descale, None),
-                   attention_chunk=(attention_chunk, 0), scheduler_metadata=(scheduler_metadata, None),
-                   pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
+                   attention_chunk=(attention_chunk, 0), pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
     _check_kv_cache(q, k_cache, v_cache)
     batch, max_len = q.shape[0], k_cache.shape[1]
     if page_table is not None:
@@ -637,13 +710,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                          f"({k_cache.shape[0]}) must be at least q's ({batch})")
     if cache_leftpad is not None:
         cache_leftpad = _checked_index_tensor("cache_leftpad", cache_leftpad, batch, q.device)
-    num_splits = _checked_num_splits(num_splits)
+    num_splits, workspace = _checked_num_splits(num_splits), None
+    if scheduler_metadata is not None:
+        num_splits, workspace = _checked_scheduler_metadata(scheduler_metadata, num_splits, q.device)
     sinks = _checked_sinks(sinks, q)
     mask = (*_checked_window(window_size, causal), _checked_softcap(softcap))
     softmax_scale = _checked_scale(softmax_scale, q)
     cos, sin, interleaved = rotary or (None, None, False)
     out, lse = _ops.kvcache_fwd(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale,
-                                bool(causal), num_splits, sinks, *mask, page_table, k, v, cos, sin, interleaved)
+                                bool(causal), num_splits, workspace, sinks, *mask, page_table, k, v, cos, sin,
+                                interleaved)
     return (out, lse) if return_softmax_lse else out
 
 

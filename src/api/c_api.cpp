@@ -116,7 +116,8 @@ constexpr Field kKvCache[] = {FLASH3_FIELD(KvCache, seqlens), FLASH3_FIELD(KvCac
                               FLASH3_FIELD(KvCache, leftpad), FLASH3_FIELD(KvCache, batch_cache),
                               FLASH3_FIELD(KvCache, num_splits), FLASH3_FIELD(KvCache, page_table),
                               FLASH3_FIELD(KvCache, page_table_stride), FLASH3_FIELD(KvCache, page_size),
-                              FLASH3_NESTED(KvCache, append, kKvAppend)};
+                              FLASH3_NESTED(KvCache, append, kKvAppend), FLASH3_FIELD(KvCache, workspace),
+                              FLASH3_FIELD(KvCache, workspace_bytes)};
 
 constexpr Field kKernelOptions[] = {FLASH3_FIELD(KernelOptions, pingpong),
                                     FLASH3_FIELD(KernelOptions, intra_warpgroup_overlap),
@@ -180,7 +181,7 @@ static_assert(ends_at<Fp8Scales>(offsetof(Fp8Scales, out_dtype), sizeof(flash3::
 static_assert(ends_at<KernelOptions>(offsetof(KernelOptions, warp_specialization), sizeof(bool)));
 static_assert(ends_at<Varlen>(offsetof(Varlen, total_k), sizeof(int64_t)));
 static_assert(ends_at<KvAppend>(offsetof(KvAppend, rotary_interleaved), sizeof(bool)));
-static_assert(ends_at<KvCache>(offsetof(KvCache, append), sizeof(KvAppend)));
+static_assert(ends_at<KvCache>(offsetof(KvCache, workspace_bytes), sizeof(size_t)));
 static_assert(ends_at<ForwardArgs>(offsetof(ForwardArgs, kv_cache), sizeof(KvCache)));
 static_assert(ends_at<BackwardArgs>(offsetof(BackwardArgs, head_dim_v), sizeof(int64_t)));
 static_assert(ends_at<QuantizeArgs>(offsetof(QuantizeArgs, seed), sizeof(uint64_t)));
@@ -260,6 +261,28 @@ int flash3_backward_workspace_size(const void* args, size_t* bytes, char* messag
   return with_args<BackwardArgs>(
       args, [bytes](BackwardArgs const& a) { return flash3::backward_workspace_size(a, bytes); }, message,
       message_size);
+}
+
+int flash3_plan_kv_cache(const void* args, int64_t* num_splits, size_t* workspace_bytes, char* message,
+                         size_t message_size) {
+  // 1 and 0 unless it succeeds, as plan_kv_cache() leaves them, null args included.
+  if (num_splits != nullptr) *num_splits = 1;
+  if (workspace_bytes != nullptr) *workspace_bytes = 0;
+  return with_args<ForwardArgs>(
+      args,
+      [num_splits, workspace_bytes](ForwardArgs const& a) {
+        using flash3::Status;
+        if (num_splits == nullptr) return Status(Status::Code::kInvalidArgument, "num_splits: null pointer");
+        if (workspace_bytes == nullptr) {
+          return Status(Status::Code::kInvalidArgument, "workspace_bytes: null pointer");
+        }
+        flash3::KvCachePlan plan;
+        flash3::Status const s = flash3::plan_kv_cache(a, &plan);
+        *num_splits = plan.num_splits;
+        *workspace_bytes = plan.workspace_bytes;
+        return s;
+      },
+      message, message_size);
 }
 
 void flash3_fp8_block_sizes(int64_t head_dim, int64_t* q, int64_t* kv) {

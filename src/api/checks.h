@@ -146,6 +146,19 @@ inline Status backward_grid(int64_t batch, int64_t heads_q) {
   return Status();
 }
 
+// Split-KV's count (0: chosen, else 1 .. kMaxSplits) and its tiles (m_block,
+// head, batch, split), counted in 32 bits.
+inline Status num_splits(int64_t batch, int64_t seqlen_q, int64_t heads_q, int64_t splits, int max_splits) {
+  if (splits < 0 || splits > max_splits) {
+    return invalid("kv_cache.num_splits: must be 0 (chosen) or 1 .. " + std::to_string(max_splits) + ", got " +
+                   std::to_string(splits));
+  }
+  if (batch > 0 && (seqlen_q + 63) / 64 * heads_q * std::max<int64_t>(splits, 1) > kMaxExtent / batch) {
+    return invalid("kv_cache.num_splits: batch * heads_q * seqlen_q / 64 * num_splits must be below 2^31");
+  }
+  return Status();
+}
+
 // Packed sequences' host-side arguments, both passes (the device arrays are
 // trusted). Without cu_seqlens_q the other arrays are refused (a caller
 // who meant packed sequences would otherwise get fixed-length results).

@@ -192,11 +192,19 @@ Status check_kv_cache(ForwardArgs const& a) {
       return invalid("kv_cache.num_splits: split-KV runs with a KV cache (kv_cache.seqlens), got num_splits " +
                      std::to_string(c.num_splits));
     }
+    if (c.workspace != nullptr || c.workspace_bytes != 0) {
+      return invalid("kv_cache.workspace: given without kv_cache.seqlens");
+    }
     return check_append(a);
   }
   for (auto const& [name, p] : {std::pair{"kv_cache.seqlens", c.seqlens}, std::pair{"kv_cache.batch_idx", c.batch_idx},
                                 std::pair{"kv_cache.leftpad", c.leftpad}, std::pair{"kv_cache.page_table", c.page_table}}) {
     if (reinterpret_cast<uintptr_t>(p) % alignof(int32_t) != 0) return invalid(std::string(name) + ": must be 4-byte aligned");
+  }
+  // Its parts hold 16-byte vectors (fwd/kv_workspace.h).
+  if (reinterpret_cast<uintptr_t>(c.workspace) % 16 != 0) return invalid("kv_cache.workspace: must be 16-byte aligned");
+  if (c.workspace == nullptr && c.workspace_bytes != 0) {
+    return invalid("kv_cache.workspace_bytes: set without kv_cache.workspace");
   }
   if (c.batch_cache < 1 || c.batch_cache > checks::kMaxExtent) {
     return invalid("kv_cache.batch_cache: must be in [1, 2^31), got " + std::to_string(c.batch_cache));
@@ -206,14 +214,7 @@ Status check_kv_cache(ForwardArgs const& a) {
     return invalid("kv_cache.batch_cache: without kv_cache.batch_idx entry b reads cache entry b, so it must be at "
                    "least batch (" + std::to_string(a.batch) + "), got " + std::to_string(c.batch_cache));
   }
-  if (c.num_splits < 0 || c.num_splits > kMaxSplits) {
-    return invalid("kv_cache.num_splits: must be 0 (chosen) or 1 .. " + std::to_string(kMaxSplits) + ", got " +
-                   std::to_string(c.num_splits));
-  }
-  // Split tiles (m_block, head, batch, split) are counted in 32 bits.
-  if (a.batch > 0 && (a.seqlen_q + 63) / 64 * a.heads_q * std::max<int64_t>(c.num_splits, 1) > checks::kMaxExtent / a.batch) {
-    return invalid("kv_cache.num_splits: batch * heads_q * seqlen_q / 64 * num_splits must be below 2^31");
-  }
+  if (Status s = checks::num_splits(a.batch, a.seqlen_q, a.heads_q, c.num_splits, kMaxSplits); !s.ok()) return s;
   if (a.varlen.cu_seqlens_q != nullptr) {
     return invalid("varlen.cu_seqlens_q: packed sequences and a KV cache do not combine (give one or the other)");
   }

@@ -7,13 +7,16 @@
 // block as 16-row boxes, Mainloop::Loads::boxes), so it adds no kernel; an
 // append (kv_cache.append) runs its own small kernel before them
 // (fwd/launch_append.h); a decoding call's GQA groups are packed into tiles
-// (fwd/pack_gqa.h), a view of the call.
+// (fwd/pack_gqa.h), a view of the call; its scratch is one block
+// (fwd/kv_workspace.h).
 #pragma once
 
 #include "common/device_info.h"
 #include "common/element.h"
 #include "common/mask.h"
 #include "flash3/flash3.h"
+#include "fwd/kv_scratch.h"
+#include "fwd/kv_workspace.h"
 #include "fwd/launch.h"
 #include "fwd/launch_append.h"
 #include "fwd/launch_split.h"
@@ -23,18 +26,26 @@
 
 namespace flash3::fwd {
 
-// Its append first, if it has one, its GQA groups packed when it decodes,
-// then the split kernel when it takes more than one split, else the plain
-// one (both of kBase's mask).
+// The call's workspace first (the caller's, checked, or allocated), its
+// append, its GQA groups packed when it decodes, then the split kernel when
+// it takes more than one split, else the plain one (both of kBase's mask).
 template <DType kDType, int kHeadDim, int kHeadDimV, Variant kBase>
 Status launch_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   using Plain = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(false), kHeadDimV>;
   using Split = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(true), kHeadDimV>;
-  return with_append(a, stream, [&](ForwardArgs const& appended) {
-    ForwardArgs const attended = packs_gqa(appended) ? packed_gqa(appended) : appended;
-    int const splits = num_splits_of(attended, device, Split::kBlockM, Split::kBlockN);
-    return splits > 1 ? launch_split_forward<Split>(attended, device, splits, stream)
-                      : launch_forward<Plain>(attended, device, stream);
+  static_assert(Split::kBlockM == tile_size(kHeadDim, kHeadDimV, false, true).block_m &&
+                    Split::kBlockN == tile_size(kHeadDim, kHeadDimV, false, true).block_n &&
+                    Plain::kBlockM == Split::kBlockM,
+                "kv_cache_tile (fwd/kv_workspace.h) plans with the KV cache kernels' tiles");
+  int const splits = num_splits_of(a, device.num_sms);
+  KvWorkspaceLayout const layout = kv_workspace_layout(a, splits);
+  return with_kv_workspace(a, layout, stream, [&](char* block) {
+    return with_append(a, block, layout, stream, [&](ForwardArgs const& appended) {
+      ForwardArgs const attended = packs_gqa(appended) ? packed_gqa(appended) : appended;
+      if (splits == 1) return launch_forward<Plain>(attended, device, stream);
+      return launch_split_forward<Split>(attended, device, splits, reinterpret_cast<float*>(block + layout.partial_o),
+                                         reinterpret_cast<float*>(block + layout.partial_lse), stream);
+    });
   });
 }
 

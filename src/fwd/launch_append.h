@@ -1,10 +1,11 @@
 // Host side of a KV cache append (KvAppend): its kernel is enqueued on the
 // attention's stream right before it, so stream order makes the new rows
 // visible to the attention (a plain launch: the attention kernels take no
-// programmatic dependent launch). Stream-ordered scratch memory holds the
-// entries' lengths after the append, which the attention reads as its
-// kv_cache.seqlens, and with rotary tables Q's rotated copy, which it reads
-// as its Q: the attention kernels are those of a call without an append.
+// programmatic dependent launch). The call's workspace (fwd/kv_workspace.h)
+// holds the entries' lengths after the append, which the attention reads as
+// its kv_cache.seqlens, and with rotary tables Q's rotated copy, which it
+// reads as its Q: the attention kernels are those of a call without an
+// append.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,6 +16,7 @@
 #include "common/kv_cache.h"
 #include "flash3/flash3.h"
 #include "fwd/append_kv.h"
+#include "fwd/kv_workspace.h"
 
 namespace flash3::fwd {
 
@@ -28,21 +30,16 @@ inline bool rotary_position_per_row(ForwardArgs const& a) {
 }
 
 // Appends kv_cache.append's rows (if any), then calls attend with the
-// arguments the attention runs on: `a`, or `a` reading the rotated Q.
+// arguments the attention runs on: `a`, or `a` reading the appended lengths
+// and the rotated Q from the call's workspace (`block`, laid out by `layout`).
 template <class Attend>
-Status with_append(ForwardArgs const& a, cudaStream_t stream, Attend&& attend) {
+Status with_append(ForwardArgs const& a, char* block, KvWorkspaceLayout const& layout, cudaStream_t stream,
+                   Attend&& attend) {
   KvAppend const& n = a.kv_cache.append;
   if (n.k.data == nullptr) return attend(a);
   bool const rotary = n.rotary_cos != nullptr;
-  // The lengths first, then Q's copy at the next 16 bytes (its vectors').
-  size_t const lengths_bytes = (size_t(a.batch) * sizeof(int32_t) + 15) / 16 * 16;
-  size_t const q_bytes = rotary ? size_t(a.batch * a.seqlen_q * a.heads_q * a.head_dim) * 2 : 0;  // bf16 or fp16
-  void* scratch = nullptr;
-  if (cudaError_t const err = cudaMallocAsync(&scratch, lengths_bytes + q_bytes, stream); err != cudaSuccess) {
-    return Status(Status::Code::kCudaError, std::string("kv_cache.append: scratch: ") + cudaGetErrorString(err));
-  }
-  auto* const lengths = static_cast<int32_t*>(scratch);
-  void* const q_rotated = rotary ? static_cast<char*>(scratch) + lengths_bytes : nullptr;
+  auto* const lengths = reinterpret_cast<int32_t*>(block + layout.lengths);
+  void* const q_rotated = rotary ? block + layout.q_rotated : nullptr;
   ForwardArgs attended = a;
   attended.kv_cache.seqlens = lengths;
   attended.kv_cache.append = {};
@@ -72,18 +69,10 @@ Status with_append(ForwardArgs const& a, cudaStream_t stream, Attend&& attend) {
   args.seqlen_q = int(a.seqlen_q);
   args.heads_q = int(a.heads_q);
   args.q_position_per_row = rotary_position_per_row(a);
-  Status status;
   if (cudaError_t const err = append_kv(args, stream); err != cudaSuccess) {
-    status = Status(Status::Code::kCudaError, std::string("kv_cache.append launch: ") + cudaGetErrorString(err));
-  } else {
-    status = attend(attended);
+    return Status(Status::Code::kCudaError, std::string("kv_cache.append launch: ") + cudaGetErrorString(err));
   }
-  // Freed in stream order, after the kernels that use it, launched or not.
-  cudaError_t const free_err = cudaFreeAsync(scratch, stream);
-  if (status.ok() && free_err != cudaSuccess) {
-    status = Status(Status::Code::kCudaError, std::string("kv_cache.append: scratch: ") + cudaGetErrorString(free_err));
-  }
-  return status;
+  return attend(attended);
 }
 
 }  // namespace flash3::fwd

@@ -17,8 +17,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HEADER = os.path.join(REPO, "include", "flash3", "flash3.h")
 
 # A C++ member's type, as the header spells it, to the ctypes type that mirrors it.
-_CTYPES = {"int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64, "bool": ctypes.c_bool, "float": ctypes.c_float,
-           "DType": ctypes.c_int, "ScaleGranularity": ctypes.c_int, "Pointer": ctypes.c_void_p,
+_CTYPES = {"int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64, "size_t": ctypes.c_size_t, "bool": ctypes.c_bool,
+           "float": ctypes.c_float, "DType": ctypes.c_int, "ScaleGranularity": ctypes.c_int, "Pointer": ctypes.c_void_p,
            "ConstTensor": _abi.TensorRef, "MutableTensor": _abi.TensorRef, "Fp8Scales": _abi.Fp8Scales,
            "KernelOptions": _abi.KernelOptions, "Varlen": _abi.Varlen,
            "KvCache": _abi.KvCache, "KvAppend": _abi.KvAppend}
@@ -266,8 +266,11 @@ def test_kvcache_forward_args_by_field_name():
     assert (a.kv_cache.seqlens, a.kv_cache.batch_idx, a.kv_cache.leftpad) == (
         lens.data_ptr(), idx.data_ptr(), pad.data_ptr())
     assert (a.kv_cache.batch_cache, a.kv_cache.num_splits, a.varlen.cu_seqlens_q) == (5, 7, None)
-    a = _ops.kvcache_forward_args(q, k, v, out, None, 0.5, False, None, (lens, None, None, 1))
+    assert (a.kv_cache.workspace, a.kv_cache.workspace_bytes) == (None, 0)
+    workspace = torch.empty(7, 96, dtype=torch.uint8)
+    a = _ops.kvcache_forward_args(q, k, v, out, None, 0.5, False, None, (lens, None, None, 1), workspace=workspace)
     assert (a.kv_cache.batch_idx, a.kv_cache.leftpad, a.lse) == (None, None, None)
+    assert (a.kv_cache.workspace, a.kv_cache.workspace_bytes) == (workspace.data_ptr(), 7 * 96)
 
 
 def test_paged_kvcache_forward_args_by_field_name():

@@ -1007,6 +1007,81 @@ def test_kvcache_int_and_absent_seqlens(gpu):
     assert torch.equal(part, flash3.flash_attn_func(q, k_cache[:2, :100], v_cache[:2, :100]))
 
 
+def _decode_graph(q, k_cache, v_cache, lens, k, v, cos, sin, **kwargs):
+    """A CUDA graph of one decoding step (append and rotary, GQA, split-KV),
+    and its output tensor."""
+    call = lambda: flash3.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos,  # noqa: E731
+                                                  rotary_sin=sin, cache_seqlens=lens, causal=True, **kwargs)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm-up outside the capture, as PyTorch asks
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    return graph, out
+
+
+@pytest.mark.parametrize("planned", [False, True])
+def test_kvcache_graph_capture_replays_with_new_lengths(gpu, planned):
+    """Decoding steps captured once and replayed with cache_seqlens advanced
+    in place: each replay equals the eager call on the same cache, with
+    get_scheduler_metadata's plan (fixed memory) or the graph pool's scratch."""
+    batch, max_len, hq, hkv, d = 3, 2048, 16, 2, 128
+    q, k_cache, v_cache, lens, _, _ = _cache_case([100, 700, 1500], max_len=max_len, hq=hq, hkv=hkv, d=d)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    k = torch.randn(batch, 1, hkv, d, device="cuda", dtype=BF16, generator=g)
+    v = torch.randn(batch, 1, hkv, d, device="cuda", dtype=BF16, generator=g)
+    angle = torch.arange(max_len, device="cuda")[:, None] * 10000.0 ** (-torch.arange(32, device="cuda") / 32)
+    cos, sin = angle.cos().to(BF16), angle.sin().to(BF16)
+    kwargs = {}
+    if planned:
+        kwargs["scheduler_metadata"] = flash3.get_scheduler_metadata(
+            batch, 1, max_len, hq, hkv, d, lens, max_seqlen_k_new=1, causal=True)
+        assert kwargs["scheduler_metadata"].shape[0] > 1  # 6 tiles on the GPU's SMs: split
+    k_eager, v_eager = k_cache.clone(), v_cache.clone()
+    graph, out = _decode_graph(q, k_cache, v_cache, lens, k, v, cos, sin, **kwargs)
+    # The warm-up appended once (the capture ran nothing): the same on the eager copies.
+    flash3.flash_attn_with_kvcache(q, k_eager, v_eager, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
+                                   causal=True, **kwargs)
+    allocated = torch.cuda.memory_allocated()
+    for step in range(4):
+        lens += 1 + 37 * step
+        k.normal_(generator=g)
+        v.normal_(generator=g)
+        graph.replay()
+        expected = flash3.flash_attn_with_kvcache(q, k_eager, v_eager, k, v, rotary_cos=cos, rotary_sin=sin,
+                                                  cache_seqlens=lens, causal=True, **kwargs)
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected), step
+        assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager), step
+    if planned:
+        assert torch.cuda.memory_allocated() == allocated
+
+
+def test_kvcache_scheduler_metadata(gpu):
+    """The plan's split count is the call's own choice (the same bits), and
+    a call larger than its plan, or given another split count, is refused."""
+    q, k_cache, v_cache, lens, _, _ = _cache_case([100, 4000], max_len=4096, hq=32, hkv=8)
+    plan = flash3.get_scheduler_metadata(2, 1, 4096, 32, 8, 128, lens)
+    assert plan.dtype == torch.uint8 and plan.dim() == 2 and plan.device == q.device
+    chosen = flash3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)
+    planned = flash3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, scheduler_metadata=plan)
+    assert torch.equal(chosen, planned)
+    explicit = flash3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, num_splits=plan.shape[0])
+    assert torch.equal(explicit, planned)
+    with pytest.raises(ValueError, match="num_splits"):
+        flash3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, scheduler_metadata=plan,
+                                       num_splits=plan.shape[0] + 1)
+    small = flash3.get_scheduler_metadata(1, 1, 4096, 32, 8, 128, lens[:1], num_splits=plan.shape[0])
+    with pytest.raises(ValueError, match="kv_cache.workspace_bytes"):
+        flash3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, scheduler_metadata=small)
+    k, v = k_cache[:2, :1].clone(), v_cache[:2, :1].clone()
+    with pytest.raises(ValueError, match="kv_cache.workspace_bytes"):  # planned without new keys
+        flash3.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, scheduler_metadata=plan)
+
+
 # ---- Paged KV cache -------------------------------------------------------------
 
 

@@ -548,8 +548,8 @@ def _bad_kvcache_calls():
     later = [(name, {name: value}) for name, value in (
         ("qv", meta(2, 1, 8, 128)),
         ("cu_seqlens_q", meta(3, dtype=i32)), ("max_seqlen_q", 1), ("rotary_seqlens", meta(2, dtype=i32)),
-        ("q_descale", meta(1, dtype=torch.float32)), ("attention_chunk", 64), ("scheduler_metadata", meta(8)),
-        ("pack_gqa", True), ("sm_margin", 4))]
+        ("q_descale", meta(1, dtype=torch.float32)), ("attention_chunk", 64), ("pack_gqa", True), ("sm_margin", 4))]
+    plan = meta(4, 64, dtype=torch.uint8)
     return [
         *[(f"kvcache {name}", lambda kw=kw: f(q, kc, vc, cache_seqlens=lens, **kw), NotImplementedError, f"{name}:")
           for name, kw in later],
@@ -577,6 +577,14 @@ def _bad_kvcache_calls():
          "k_cache: without cache_batch_idx"),
         ("kvcache splits", lambda: f(q, kc, vc, num_splits=129), ValueError, "num_splits: must be an int in [0, 128]"),
         ("kvcache splits type", lambda: f(q, kc, vc, num_splits=True), ValueError, "num_splits"),
+        ("kvcache metadata dtype", lambda: f(q, kc, vc, scheduler_metadata=meta(8)), ValueError,
+         "scheduler_metadata: must be what get_scheduler_metadata returned"),
+        ("kvcache metadata dims", lambda: f(q, kc, vc, scheduler_metadata=meta(8, dtype=torch.uint8)), ValueError,
+         "scheduler_metadata: must be"),
+        ("kvcache metadata device", lambda: f(q, kc, vc, scheduler_metadata=torch.empty(4, 64, dtype=torch.uint8)),
+         ValueError, "scheduler_metadata: must be on q's device"),
+        ("kvcache metadata splits", lambda: f(q, kc, vc, scheduler_metadata=plan, num_splits=3), ValueError,
+         "num_splits: 3, but scheduler_metadata was planned for 4"),
         ("kvcache window", lambda: f(q, kc, vc, window_size=(-2, 0)), ValueError, "window_size"),
         ("kvcache softcap", lambda: f(q, kc, vc, softcap=-1.0), ValueError, "softcap"),
         ("kvcache scale", lambda: f(q, kc, vc, softmax_scale=0.0), ValueError, "softmax_scale"),
@@ -720,19 +728,42 @@ def test_kvcache_default_fa3_arguments_are_accepted():
     assert out.shape == q.shape
 
 
+def test_kvcache_scheduler_metadata_on_meta():
+    q, kc, vc, lens = cache()
+    for splits in (0, 4):
+        out = flash3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=splits,
+                                             scheduler_metadata=meta(4, 64, dtype=torch.uint8))
+        assert out.shape == q.shape
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(cu_seqlens_q=meta(3, dtype=torch.int32)), NotImplementedError, "cu_seqlens_q"),
+    (dict(attention_chunk=8), NotImplementedError, "attention_chunk"),
+    (dict(pack_gqa=False), NotImplementedError, "pack_gqa"),
+    (dict(cache_seqlens=meta(2, dtype=torch.int32)), ValueError, "cache_seqlens: must be a CUDA tensor"),
+    (dict(cache_seqlens=[5, 5]), ValueError, "cache_seqlens: must be a CUDA tensor"),
+])
+def test_get_scheduler_metadata_bad_arguments(kwargs, error, match):
+    args = dict(batch_size=2, max_seqlen_q=1, max_seqlen_k=300, num_heads_q=8, num_heads_kv=2, headdim=128,
+                cache_seqlens=meta(2, dtype=torch.int32))
+    with pytest.raises(error, match=match):
+        flash3.get_scheduler_metadata(**{**args, **kwargs})
+
+
 def test_kvcache_opcheck_on_meta():
     q, kc, vc, lens = cache()
     idx = meta(2, dtype=torch.int32)
-    torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default, (q, kc, vc, lens, None, None, 0.125, False, 0))
+    torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default, (q, kc, vc, lens, None, None, 0.125, False, 0, None))
     torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default,
-                          (q, kc, vc, lens, idx, idx, 0.125, True, 4, meta(8, dtype=torch.float32), 10, 0, 3.0))
+                          (q, kc, vc, lens, idx, idx, 0.125, True, 4, meta(4, 100, dtype=torch.uint8),
+                           meta(8, dtype=torch.float32), 10, 0, 3.0))
     q, kc, vc, table = paged()
     torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default,
-                          (q, kc, vc, lens, None, None, 0.125, True, 0, None, -1, 0, 0.0, table))
+                          (q, kc, vc, lens, None, None, 0.125, True, 0, None, None, -1, 0, 0.0, table))
     new, cos = meta(2, 1, 2, 128), meta(320, 32)
     torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default,
-                          (q, kc, vc, lens, None, None, 0.125, True, 0, None, -1, 0, 0.0, table, new, new, cos, cos,
-                           True))
+                          (q, kc, vc, lens, None, None, 0.125, True, 0, None, None, -1, 0, 0.0, table, new, new, cos,
+                           cos, True))
 
 
 def test_kvcache_compile_fullgraph_on_meta():
