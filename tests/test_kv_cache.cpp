@@ -185,15 +185,17 @@ TEST(KvSplit, Heuristic) {
   // Enough tiles already: no split.
   EXPECT_EQ(flash3::choose_num_splits(132, 1000, 132), 1);
   EXPECT_EQ(flash3::choose_num_splits(106, 1000, 132), 1);
-  // Decoding, batch 1, 32 query heads, 128k keys (1024 blocks): 4 waves' worth fill 128 of 132 SMs.
+  // One wave: 32 tiles x 4 splits fill 128 of 132 SMs; 8 tiles x 16 (packed GQA, batch 1, 8 KV heads).
   EXPECT_EQ(flash3::choose_num_splits(32, 1024, 132), 4);
-  // Few key blocks: at least kMinBlocksPerSplit each.
-  EXPECT_EQ(flash3::choose_num_splits(8, 8, 132), 2);
+  EXPECT_EQ(flash3::choose_num_splits(8, 1024, 132), 16);
+  EXPECT_EQ(flash3::choose_num_splits(40, 1024, 132), 3);
+  // Few key blocks: at least kMinBlocksPerSplit each, and none split at 2 x kMinBlocksPerSplit or fewer.
+  EXPECT_EQ(flash3::choose_num_splits(8, 32, 132), 8);
+  EXPECT_EQ(flash3::choose_num_splits(8, 9, 132), 2);
+  EXPECT_EQ(flash3::choose_num_splits(8, 8, 132), 1);
   EXPECT_EQ(flash3::choose_num_splits(8, 3, 132), 1);
-  // One tile of a long sequence: up to the SMs and kMaxSplits.
-  int const one = flash3::choose_num_splits(1, 100000, 132);
-  EXPECT_GT(one, 64);
-  EXPECT_LE(one, flash3::kMaxSplits);
+  // One tile of a long sequence: up to kMaxSplits.
+  EXPECT_EQ(flash3::choose_num_splits(1, 100000, 132), flash3::kMaxSplits);
   // Nothing to split.
   EXPECT_EQ(flash3::choose_num_splits(0, 100, 132), 1);
   EXPECT_EQ(flash3::choose_num_splits(10, 0, 132), 1);
@@ -203,6 +205,7 @@ TEST(KvSplit, Heuristic) {
       EXPECT_GE(s, 1);
       EXPECT_LE(s, std::max(1, blocks / flash3::kMinBlocksPerSplit));
       EXPECT_LE(s, flash3::kMaxSplits);
+      EXPECT_TRUE(s == 1 || tiles * s <= 132) << tiles << " tiles, " << blocks << " blocks: " << s;
     }
   }
 }

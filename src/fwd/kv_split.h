@@ -5,7 +5,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 
 #include "common/int_math.h"
@@ -42,31 +41,18 @@ FLASH3_HOST_DEVICE BlockRange within_split(BlockRange own, BlockRange split) {
 // combine's reads of it).
 inline constexpr int kMinBlocksPerSplit = 4;
 
-// num_splits = 0's choice (FlashAttention's rule, in its own words here):
-// no split while the tiles already fill 80% of the SMs; otherwise the
-// fewest splits whose waves of tiles x splits over the SMs come within 85%
-// of the best wave efficiency (the last wave's share of full), among the
-// split counts from 1 up to what the key blocks allow (kMinBlocksPerSplit a
-// split), the SMs and kMaxSplits. A count that gives the same blocks per
-// split as one fewer is skipped: it adds partials without shortening a CTA.
+// num_splits = 0's choice: no split while the tiles already fill 80% of the
+// SMs, nor for a cache of at most 2 * kMinBlocksPerSplit key blocks (the
+// combine's launch and reads outweigh what splitting so few blocks saves);
+// otherwise the most splits that keep tiles x splits within one wave of
+// CTAs over the SMs, each split at least kMinBlocksPerSplit key blocks, at
+// most kMaxSplits. A second, partial wave of split CTAs costs more than the
+// longer runs of one wave (docs/performance-log.md, run 192's sweep).
 inline int choose_num_splits(int64_t tiles, int key_blocks, int num_sms) {
-  if (tiles <= 0 || key_blocks <= 0 || num_sms <= 0 || tiles * 5 >= int64_t(num_sms) * 4) return 1;
-  int const most = std::min({kMaxSplits, num_sms, std::max(1, key_blocks / kMinBlocksPerSplit)});
-  auto efficiency = [&](int splits) {
-    double const waves = double(tiles * splits) / num_sms;
-    return waves / std::ceil(waves);
-  };
-  auto eligible = [&](int splits) {
-    return splits == 1 || div_up(key_blocks, splits) != div_up(key_blocks, splits - 1);
-  };
-  double best = 0.0;
-  for (int s = 1; s <= most; ++s) {
-    if (eligible(s)) best = std::max(best, efficiency(s));
-  }
-  for (int s = 1; s <= most; ++s) {
-    if (eligible(s) && efficiency(s) >= 0.85 * best) return s;
-  }
-  return 1;
+  if (tiles <= 0 || num_sms <= 0 || tiles * 5 >= int64_t(num_sms) * 4) return 1;
+  if (key_blocks <= 2 * kMinBlocksPerSplit) return 1;
+  int64_t const one_wave = num_sms / tiles;
+  return int(std::max<int64_t>(1, std::min<int64_t>({one_wave, key_blocks / kMinBlocksPerSplit, kMaxSplits})));
 }
 
 }  // namespace flash3

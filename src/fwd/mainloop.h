@@ -257,7 +257,8 @@ struct Mainloop {
 
     // Waits for the buffer's last tile to be done with it (query_done).
     // pipeline_q has no leader: its arrive is issued here, after FP8's Q
-    // descale is written, so that it publishes the descale with Q's bytes.
+    // descale and an entry's lengths are written, so that it publishes them
+    // with Q's bytes.
     CUTE_DEVICE void q() const {
       pipeline_q.producer_acquire(write_q);
       if (leader) {
@@ -277,6 +278,10 @@ struct Mainloop {
         Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), SmemLayoutQ{});
         auto tma = p.tma_q.get_slice(_0{});
         if constexpr (Traits::kFp8) smem.q_descale[write_q.index()] = p.q_scale(tile.batch, tile.head, tile.m_block);
+        if constexpr (Traits::kPerEntryLengths) {
+          smem.sequence[write_q.index()][0] = p.seq_q(tile.batch);
+          smem.sequence[write_q.index()][1] = p.seq_k(tile.batch);
+        }
         auto* barrier = pipeline_q.producer_get_barrier(write_q);
         cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(barrier, kQBytes);
         copy(p.tma_q.with(*barrier), tma.partition_S(gQ), tma.partition_D(sQ)(_, _, _, write_q.index()));
@@ -447,19 +452,13 @@ struct Mainloop {
                               DeferredEpilogue<Epilogue>& previous_epilogue) {
     int const warp_group = thread_idx / cutlass::NumThreadsPerWarpGroup;
     if constexpr (!Traits::kIntraWGOverlap) previous_epilogue();
-    // Packed sequences and KV caches: this tile's lengths into the
-    // warpgroup's slot, which the mask reads in the loop (each thread writes
-    // the same values before it reads them).
-    if constexpr (Traits::kPerEntryLengths) {
-      int* slot = smem.sequence[consumer_group()];
-      slot[0] = p.seq_q(tile.batch);
-      slot[1] = p.seq_k(tile.batch);
-    }
-    // The mask policy inside the loop, from the parameters or that slot.
+    // The mask policy inside the loop, from the parameters or, for packed
+    // sequences and KV caches, the tile's lengths the producer published
+    // with Q (read only between pipeline_q's wait and query_done).
     auto loop_mask_policy = [&] {
       if constexpr (Traits::kPerEntryLengths) {
-        int const* slot = smem.sequence[consumer_group()];
-        return p.policy_of(slot[0], slot[1]);
+        int const* lengths = smem.sequence[read_q.index()];
+        return p.policy_of(lengths[0], lengths[1]);
       } else {
         return p.policy_of(p.seqlen_q, p.seqlen_k);
       }
@@ -708,11 +707,6 @@ struct Mainloop {
     } else {
       return smem.v.data();
     }
-  }
-
-  // The consumer warpgroup's index from 0, read afresh (warp-uniform, no register held).
-  CUTE_DEVICE static int consumer_group() {
-    return cutlass::canonical_warp_group_idx() - (Traits::kWarpSpecialized ? 1 : 0);
   }
 
   // Q's buffer is free once this thread's last QK^T has completed.

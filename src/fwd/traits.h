@@ -230,10 +230,10 @@ struct FwdTraits {
     // a producer (the ablation) the consumers compute them.
     int tile_index;
     TileCoord tile;
-    // Packed sequences and KV caches: each consumer warpgroup's tile's
-    // (seqlen_q, seqlen_k), for the mask inside its mainloop (fewer registers held
-    // across it).
-    int sequence[kPerEntryLengths ? kNumConsumerWarpGroups : 1][2];
+    // Packed sequences and KV caches: the tile's (seqlen_q, seqlen_k) for the
+    // mask inside the consumers' mainloop (fewer registers held across it),
+    // published with Q by pipeline_q, a pair per Q stage.
+    int sequence[kPerEntryLengths ? kQStages : 1][2];
     std::conditional_t<kFp8, float[kQStages], None> q_descale;  // FP8: Q's descale, published with Q by pipeline_q
   };
   static_assert(sizeof(SharedStorage) <= kSmemLimit, "tile sizes overflow shared memory");
