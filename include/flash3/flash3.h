@@ -22,8 +22,8 @@ typedef struct CUstream_st* cudaStream_t;
 namespace flash3 {
 
 // kE4M3: FP8 (e4m3) inputs of the forward pass, with descale factors in
-// ForwardArgs::fp8 (see quantize_fp8 below).
-enum class DType { kBF16, kFP16, kE4M3 };
+// ForwardArgs::fp8 (see quantize_fp8 below). kFP32: combine()'s output only.
+enum class DType { kBF16, kFP16, kE4M3, kFP32 };
 
 // Every entry point returns a Status; none throws and none launches anything
 // when the arguments are invalid.
@@ -327,6 +327,44 @@ Status validate(const ForwardArgs& args);
 // capture, the graph's own allocation). With batch or seqlen_q 0 there is
 // nothing to write: it validates and returns, without touching the device.
 Status forward(const ForwardArgs& args, cudaStream_t stream);
+
+// Partial attentions combined (FlashAttention-3's flash_attn_combine; the
+// combine step of split-KV): num_splits attentions of the same queries over
+// disjoint parts of the keys, each with its float32 O (normalised by its own
+// softmax sum) and its natural-log LSE (-inf where a part had no key for the
+// row), make O = sum_s exp(lse_s - L) O_s with L = log(exp(sink) + sum_s
+// exp(lse_s)) (no sink: its term 0). A row with no key and no sink gets O = 0
+// and L = +inf. forward() runs it for split-KV.
+struct CombineArgs {
+  int64_t num_splits = 0;  // 1 .. 128
+  int64_t batch = 0;
+  int64_t seqlen = 0;
+  int64_t heads = 0;
+  int64_t head_dim = 0;  // a multiple of 4: the partials are read as 16-byte vectors
+  // Split 0's partial O, float32 [batch, seqlen, heads, head_dim] (16-byte
+  // aligned, strides multiples of 4), and the stride between splits.
+  ConstTensor o_partial;
+  int64_t o_partial_split_stride = 0;
+  // The partial LSEs, float32 [num_splits, batch, seqlen, heads], strides in elements.
+  const float* lse_partial = nullptr;
+  int64_t lse_split_stride = 0;
+  int64_t lse_batch_stride = 0;
+  int64_t lse_seq_stride = 0;
+  int64_t lse_head_stride = 0;
+  DType out_dtype = DType::kBF16;  // kBF16, kFP16 or kFP32
+  MutableTensor out;               // [batch, seqlen, heads, head_dim]
+  float* lse = nullptr;            // [batch, heads, seqlen], or nullptr
+  const float* sinks = nullptr;    // [heads], or nullptr
+};
+
+// Checks the arguments without touching the device: sizes, pointers, their
+// alignment and strides (the partials' contents are device memory, not read).
+Status validate(const CombineArgs& args);
+
+// Validates, then enqueues the combine on `stream` (asynchronous). With
+// batch or seqlen 0 there is nothing to write: it validates and returns,
+// without touching the device.
+Status combine(const CombineArgs& args, cudaStream_t stream);
 
 // What a KV cache call runs with on the current device (FlashAttention's
 // get_scheduler_metadata): its number of splits (kv_cache.num_splits, or

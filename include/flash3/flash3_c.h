@@ -3,9 +3,9 @@
  * ctypes), in a shared library, libflash3_c.
  *
  * The arguments are flash3.h's structs (ForwardArgs, BackwardArgs,
- * QuantizeArgs), passed by pointer: they are standard-layout C++ structs of
- * integers, floats, pointers and int-sized enums, which a caller mirrors
- * field by field. flash3_abi_offset() gives each field's offset (and each
+ * QuantizeArgs, CombineArgs), passed by pointer: they are standard-layout
+ * C++ structs of integers, floats, pointers and int-sized enums, which a
+ * caller mirrors field by field. flash3_abi_offset() gives each field's offset (and each
  * struct's size), so that a mirror can check itself against the library it
  * loaded instead of trusting a copy.
  *
@@ -28,22 +28,25 @@ extern "C" {
 const char* flash3_version(void);
 
 /* Byte offset of `field` in the struct `struct_name` ("ForwardArgs",
- * "BackwardArgs", "QuantizeArgs", "TensorRef", "Fp8Scales", "KernelOptions",
- * "Varlen", "KvCache");
+ * "BackwardArgs", "QuantizeArgs", "CombineArgs", "TensorRef", "Fp8Scales",
+ * "KernelOptions", "Varlen", "KvCache", "KvAppend");
  * with field "" the struct's size. -1 for a name it does not know. Nested
  * fields are named with dots ("q.seq_stride", "fp8.out_dtype"); a nested
  * struct's own name ("q", "fp8") gives its offset. */
 int64_t flash3_abi_offset(const char* struct_name, const char* field);
 
-/* flash3::validate / forward / backward / quantize_fp8. `args` points to a
- * ForwardArgs, BackwardArgs or QuantizeArgs; `stream` is a cudaStream_t. The
- * validate_* functions never touch the device. */
+/* flash3::validate / forward / backward / quantize_fp8 / combine. `args`
+ * points to a ForwardArgs, BackwardArgs, QuantizeArgs or CombineArgs;
+ * `stream` is a cudaStream_t. The validate_* functions never touch the
+ * device. */
 int flash3_validate_forward(const void* args, char* message, size_t message_size);
 int flash3_forward(const void* args, void* stream, char* message, size_t message_size);
 int flash3_validate_backward(const void* args, char* message, size_t message_size);
 int flash3_backward(const void* args, void* stream, char* message, size_t message_size);
 int flash3_validate_quantize(const void* args, char* message, size_t message_size);
 int flash3_quantize_fp8(const void* args, void* stream, char* message, size_t message_size);
+int flash3_validate_combine(const void* args, char* message, size_t message_size);
+int flash3_combine(const void* args, void* stream, char* message, size_t message_size);
 
 /* flash3::backward_workspace_size(args, bytes). */
 int flash3_backward_workspace_size(const void* args, size_t* bytes, char* message, size_t message_size);

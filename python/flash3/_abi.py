@@ -159,10 +159,32 @@ class QuantizeArgs(ctypes.Structure):
     ]
 
 
-MIRRORS = (TensorRef, KernelOptions, Fp8Scales, Varlen, KvAppend, KvCache, ForwardArgs, BackwardArgs, QuantizeArgs)
+class CombineArgs(ctypes.Structure):
+    _fields_ = [
+        ("num_splits", ctypes.c_int64),
+        ("batch", ctypes.c_int64),
+        ("seqlen", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("o_partial", TensorRef),
+        ("o_partial_split_stride", ctypes.c_int64),
+        ("lse_partial", ctypes.c_void_p),
+        ("lse_split_stride", ctypes.c_int64),
+        ("lse_batch_stride", ctypes.c_int64),
+        ("lse_seq_stride", ctypes.c_int64),
+        ("lse_head_stride", ctypes.c_int64),
+        ("out_dtype", ctypes.c_int),
+        ("out", TensorRef),
+        ("lse", ctypes.c_void_p),
+        ("sinks", ctypes.c_void_p),
+    ]
+
+
+MIRRORS = (TensorRef, KernelOptions, Fp8Scales, Varlen, KvAppend, KvCache, ForwardArgs, BackwardArgs, QuantizeArgs,
+           CombineArgs)
 
 # flash3::DType and flash3::ScaleGranularity values.
-BF16, FP16, E4M3 = 0, 1, 2
+BF16, FP16, E4M3, FP32 = 0, 1, 2, 3
 PER_TENSOR, PER_HEAD, PER_BLOCK = 0, 1, 2
 
 # FP8 scale blocks (query rows, key/value rows) per head dim: the forward
@@ -254,10 +276,11 @@ class _Library:
 
         self.version = fn("flash3_version", ctypes.c_char_p, [])().decode()
         self.abi_offset = fn("flash3_abi_offset", ctypes.c_int64, [ctypes.c_char_p, ctypes.c_char_p])
-        fwd, bwd, quant = (ctypes.POINTER(s) for s in (ForwardArgs, BackwardArgs, QuantizeArgs))
+        fwd, bwd, quant, comb = (ctypes.POINTER(s) for s in (ForwardArgs, BackwardArgs, QuantizeArgs, CombineArgs))
         self.forward = fn("flash3_forward", ctypes.c_int, [fwd, ctypes.c_void_p] + msg)
         self.backward = fn("flash3_backward", ctypes.c_int, [bwd, ctypes.c_void_p] + msg)
         self.quantize_fp8 = fn("flash3_quantize_fp8", ctypes.c_int, [quant, ctypes.c_void_p] + msg)
+        self.combine = fn("flash3_combine", ctypes.c_int, [comb, ctypes.c_void_p] + msg)
         self.backward_workspace_size = fn(
             "flash3_backward_workspace_size", ctypes.c_int, [bwd, ctypes.POINTER(ctypes.c_size_t)] + msg)
         self.plan_kv_cache = fn(

@@ -1,6 +1,7 @@
-"""flash3's PyTorch operators: flash3::fwd, flash3::bwd and flash3::quantize_fp8
-(torch.library custom ops with fake implementations, fwd differentiable
-through bwd), and the eager fast path that calls the same implementations.
+"""flash3's PyTorch operators: flash3::fwd, flash3::bwd, flash3::quantize_fp8,
+the packed (varlen), KV cache and combine ones (torch.library custom ops with
+fake implementations, fwd differentiable through bwd), and the eager fast
+path that calls the same implementations.
 
 The implementations take tensors already checked by interface.py, fill
 flash3.h's structs from their pointers and (element) strides, and call the C
@@ -19,6 +20,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from . import _abi
 
 DTYPES = {torch.bfloat16: _abi.BF16, torch.float16: _abi.FP16, torch.float8_e4m3fn: _abi.E4M3}
+COMBINE_OUT_DTYPES = {torch.float32: _abi.FP32, torch.bfloat16: _abi.BF16, torch.float16: _abi.FP16}
 GRANULARITIES = {"tensor": _abi.PER_TENSOR, "head": _abi.PER_HEAD, "block": _abi.PER_BLOCK}
 # A scale tensor's rank says its granularity: (1,) or a scalar per tensor,
 # [batch, heads] per head, [batch, heads, blocks] per block.
@@ -36,6 +38,7 @@ _capturing = torch._C._cuda_isCurrentStreamCapturing
 _pack_forward = _abi.packer(_abi.ForwardArgs).pack_into
 _pack_backward = _abi.packer(_abi.BackwardArgs).pack_into
 _pack_quantize = _abi.packer(_abi.QuantizeArgs).pack_into
+_pack_combine = _abi.packer(_abi.CombineArgs).pack_into
 _ALL_ON = (True, True, True, True)  # KernelOptions: flash3.h's defaults
 _NO_FP8 = (0, 0, 0, 0, 0)  # Fp8Scales of a bf16/fp16 call
 _NO_VARLEN = (0, 0, 0, 0, 0, 0)  # Varlen of a fixed-length batch
@@ -624,6 +627,39 @@ def _kvcache_forward_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, c
                           num_splits, workspace, sinks=None, window_left=-1, window_right=-1, softcap=0.0, page_table=None,
                           k=None, v=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False):
     return _forward_outputs(q, v_cache, q.dtype)
+
+
+# ---- combine (flash_attn_combine) ----------------------------------------------
+
+
+def combine_args(out_partial, lse_partial, out, lse):
+    """CombineArgs of the partials out_partial [splits, batch, seqlen, heads,
+    head_dim] and lse_partial [splits, batch, seqlen, heads] (float32) into
+    out [batch, seqlen, heads, head_dim] and lse [batch, heads, seqlen]."""
+    args = _abi.CombineArgs()
+    splits, b, sq, h, d = out_partial.shape
+    o_split, *o_strides = out_partial.stride()
+    _pack_combine(args, 0, splits, b, sq, h, d, out_partial.data_ptr(), *o_strides, o_split, lse_partial.data_ptr(),
+                  *lse_partial.stride(), COMBINE_OUT_DTYPES[out.dtype], *_ref(out), lse.data_ptr(), 0)
+    return args
+
+
+@_on_tensor_device
+def _combine_impl(out_partial: Tensor, lse_partial: Tensor, out: Tensor) -> Tensor:
+    lib = _abi.load()
+    b, sq, h = out.shape[:3]
+    lse = out.new_empty((b, h, sq), dtype=torch.float32)
+    _run(lib.combine, combine_args(out_partial, lse_partial, out, lse), _raw_stream(out.get_device()), "combine")
+    return lse
+
+
+combine = torch.library.custom_op("flash3::combine", _combine_impl, mutates_args=("out",), device_types="cuda")
+
+
+@combine.register_fake
+def _combine_fake(out_partial, lse_partial, out):
+    b, sq, h = out.shape[:3]
+    return out.new_empty((b, h, sq), dtype=torch.float32)
 
 
 def quantize(q, k, v, granularity, hadamard, seed):

@@ -723,6 +723,81 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     return (out, lse) if return_softmax_lse else out
 
 
+def _vector_readable(t):
+    """Whether the combine kernel reads or writes t in 16-byte vectors as it
+    lies: a 16-byte aligned base, a contiguous last dim, the others' strides
+    multiples of 16 bytes."""
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
+        n <= 1 or (st * t.element_size()) % 16 == 0 for n, st in zip(t.shape[:-1], t.stride()[:-1]))
+
+
+def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
+    """Partial attentions combined, as FlashAttention-3's: the outputs of
+    num_splits attentions of the same queries over disjoint parts of the keys
+    (split-KV, context parallelism), each normalised by its own softmax sum.
+
+    out_partial: float32 [num_splits, batch, seqlen, heads, head_dim], its
+    last dim contiguous; lse_partial: float32 [num_splits, batch, seqlen,
+    heads], each part's natural-log LSE (-inf where a part had no key for the
+    row); num_splits 1 to 128. out_dtype: torch.float32 (the default),
+    torch.bfloat16 or torch.float16; out, if given, [batch, seqlen, heads,
+    head_dim] of that dtype, its last dim contiguous, is written and returned.
+
+    Returns (out, lse): out = sum_s exp(lse_s - lse) out_s, lse = log sum_s
+    exp(lse_s), float32 [batch, seqlen, heads] (a transposed view of [batch,
+    heads, seqlen], as FlashAttention-3's); a row no part saw a key for gets
+    out 0 and lse +inf. Not differentiable.
+    """
+    for name, t, dims in (("out_partial", out_partial, 5), ("lse_partial", lse_partial, 4)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name}: must be torch.float32, got {t.dtype}")
+        if t.dim() != dims:
+            raise ValueError(f"{name}: must have {dims} dims, got shape {tuple(t.shape)}")
+    if out_partial.device.type not in ("cuda", "meta"):
+        raise ValueError(f"out_partial: must be a CUDA tensor (flash3 runs on Hopper GPUs), got {out_partial.device}")
+    if lse_partial.device != out_partial.device:
+        raise ValueError(f"lse_partial: must be on out_partial's device {out_partial.device}, got {lse_partial.device}")
+    splits, b, sq, h, d = out_partial.shape
+    if tuple(lse_partial.shape) != (splits, b, sq, h):
+        raise ValueError(f"lse_partial: must have shape (num_splits, batch, seqlen, heads) = {(splits, b, sq, h)}, "
+                         f"got {tuple(lse_partial.shape)}")
+    if not 1 <= splits <= 128:
+        raise ValueError(f"out_partial: num_splits (dim 0) must be in [1, 128], got {splits}")
+    if d == 0 or h == 0:
+        raise ValueError(f"out_partial: heads and head_dim must be positive, got shape {tuple(out_partial.shape)}")
+    if out_partial.stride(-1) != 1:
+        raise ValueError("out_partial: its last dim (head_dim) must be contiguous (stride 1)")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise ValueError(f"out: must be a torch.Tensor, got {type(out).__name__}")
+        if out_dtype is not None and out.dtype != out_dtype:
+            raise ValueError(f"out: dtype must be out_dtype ({out_dtype}), got {out.dtype}")
+        if tuple(out.shape) != (b, sq, h, d) or out.device != out_partial.device or out.stride(-1) != 1:
+            raise ValueError(f"out: must have shape (batch, seqlen, heads, head_dim) = {(b, sq, h, d)} on "
+                             f"{out_partial.device}, last dim contiguous; got {tuple(out.shape)} on {out.device}")
+        out_dtype = out.dtype
+    out_dtype = torch.float32 if out_dtype is None else out_dtype
+    if out_dtype not in _ops.COMBINE_OUT_DTYPES:
+        raise ValueError(f"out_dtype: must be torch.float32, torch.bfloat16 or torch.float16, got {out_dtype}")
+    # The kernel moves 16-byte vectors: a head dim that is not a multiple of
+    # 8, or strides that are not multiples of 16 bytes, go through copies.
+    padded = d + (-d) % 8
+    if padded != d or (out_partial.device.type == "cuda" and not _vector_readable(out_partial)):
+        out_partial = torch.nn.functional.pad(out_partial, (0, padded - d))
+    target = out
+    if out is None or padded != d or (out.device.type == "cuda" and not _vector_readable(out)):
+        target = out_partial.new_empty((b, sq, h, padded), dtype=out_dtype)
+    lse = _ops.combine(out_partial, lse_partial, target)
+    if target is not out:
+        if out is None:
+            out = target[..., :d]
+        else:
+            out.copy_(target[..., :d])
+    return out, lse.transpose(1, 2)
+
+
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None,
                               window_size=(-1, -1), attention_chunk=0, softcap=0.0, deterministic=False,
                               num_heads_q=None, sm_margin=0, return_attn_probs=False, *, out_dtype=None, sinks=None):

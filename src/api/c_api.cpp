@@ -23,6 +23,7 @@ using flash3::ConstTensor;
 using flash3::Fp8Scales;
 using flash3::ForwardArgs;
 using flash3::KernelOptions;
+using flash3::CombineArgs;
 using flash3::KvAppend;
 using flash3::KvCache;
 using flash3::MutableTensor;
@@ -167,6 +168,16 @@ constexpr Field kQuantizeArgs[] = {
     FLASH3_FIELD(QuantizeArgs, v_scale),          FLASH3_FIELD(QuantizeArgs, hadamard),
     FLASH3_FIELD(QuantizeArgs, seed)};
 
+constexpr Field kCombineArgs[] = {
+    FLASH3_FIELD(CombineArgs, num_splits),       FLASH3_FIELD(CombineArgs, batch),
+    FLASH3_FIELD(CombineArgs, seqlen),           FLASH3_FIELD(CombineArgs, heads),
+    FLASH3_FIELD(CombineArgs, head_dim),         FLASH3_NESTED(CombineArgs, o_partial, kTensorRef),
+    FLASH3_FIELD(CombineArgs, o_partial_split_stride), FLASH3_FIELD(CombineArgs, lse_partial),
+    FLASH3_FIELD(CombineArgs, lse_split_stride), FLASH3_FIELD(CombineArgs, lse_batch_stride),
+    FLASH3_FIELD(CombineArgs, lse_seq_stride),   FLASH3_FIELD(CombineArgs, lse_head_stride),
+    FLASH3_FIELD(CombineArgs, out_dtype),        FLASH3_NESTED(CombineArgs, out, kTensorRef),
+    FLASH3_FIELD(CombineArgs, lse),              FLASH3_FIELD(CombineArgs, sinks)};
+
 #undef FLASH3_FIELD
 #undef FLASH3_NESTED
 
@@ -185,13 +196,14 @@ static_assert(ends_at<KvCache>(offsetof(KvCache, workspace_bytes), sizeof(size_t
 static_assert(ends_at<ForwardArgs>(offsetof(ForwardArgs, kv_cache), sizeof(KvCache)));
 static_assert(ends_at<BackwardArgs>(offsetof(BackwardArgs, head_dim_v), sizeof(int64_t)));
 static_assert(ends_at<QuantizeArgs>(offsetof(QuantizeArgs, seed), sizeof(uint64_t)));
+static_assert(ends_at<CombineArgs>(offsetof(CombineArgs, sinks), sizeof(const float*)));
 
 constexpr Struct kStructs[] = {
     {"ForwardArgs", sizeof(ForwardArgs), kForwardArgs},    {"BackwardArgs", sizeof(BackwardArgs), kBackwardArgs},
     {"QuantizeArgs", sizeof(QuantizeArgs), kQuantizeArgs}, {"TensorRef", sizeof(ConstTensor), kTensorRef},
     {"Fp8Scales", sizeof(Fp8Scales), kFp8Scales},           {"KernelOptions", sizeof(KernelOptions), kKernelOptions},
     {"Varlen", sizeof(Varlen), kVarlen},                   {"KvCache", sizeof(KvCache), kKvCache},
-    {"KvAppend", sizeof(KvAppend), kKvAppend}};
+    {"KvAppend", sizeof(KvAppend), kKvAppend},             {"CombineArgs", sizeof(CombineArgs), kCombineArgs}};
 
 // The offset of `name` ("field" or "field.subfield...") in `fields`; -1 if
 // there is no such field.
@@ -252,6 +264,17 @@ int flash3_validate_quantize(const void* args, char* message, size_t message_siz
 int flash3_quantize_fp8(const void* args, void* stream, char* message, size_t message_size) {
   return with_args<QuantizeArgs>(
       args, [stream](QuantizeArgs const& a) { return flash3::quantize_fp8(a, static_cast<cudaStream_t>(stream)); },
+      message, message_size);
+}
+
+int flash3_validate_combine(const void* args, char* message, size_t message_size) {
+  return with_args<CombineArgs>(
+      args, [](CombineArgs const& a) { return flash3::validate(a); }, message, message_size);
+}
+
+int flash3_combine(const void* args, void* stream, char* message, size_t message_size) {
+  return with_args<CombineArgs>(
+      args, [stream](CombineArgs const& a) { return flash3::combine(a, static_cast<cudaStream_t>(stream)); },
       message, message_size);
 }
 

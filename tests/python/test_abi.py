@@ -68,8 +68,8 @@ def test_mirror_matches_header(mirror):
 
 
 def test_enums_match_header():
-    assert header_enum("DType") == ["kBF16", "kFP16", "kE4M3"]
-    assert (_abi.BF16, _abi.FP16, _abi.E4M3) == (0, 1, 2)
+    assert header_enum("DType") == ["kBF16", "kFP16", "kE4M3", "kFP32"]
+    assert (_abi.BF16, _abi.FP16, _abi.E4M3, _abi.FP32) == (0, 1, 2, 3)
     assert header_enum("ScaleGranularity") == ["kPerTensor", "kPerHead", "kPerBlock"]
     assert (_abi.PER_TENSOR, _abi.PER_HEAD, _abi.PER_BLOCK) == (0, 1, 2)
 

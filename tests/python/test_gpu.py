@@ -1082,6 +1082,71 @@ def test_kvcache_scheduler_metadata(gpu):
         flash3.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, scheduler_metadata=plan)
 
 
+# ---- flash_attn_combine ---------------------------------------------------------
+
+
+def _combine_reference(o_partial, lse_partial):
+    """float64 O and LSE [batch, seqlen, heads]: a part whose LSE is -inf
+    weighs nothing (whatever its O holds); a row no part saw is O 0, LSE +inf."""
+    lse = torch.logsumexp(lse_partial.double(), dim=0)
+    w = torch.exp(lse_partial.double() - lse).nan_to_num(nan=0.0)
+    out = (w[..., None] * o_partial.double().nan_to_num(nan=0.0)).sum(0)
+    return out, torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
+
+
+@pytest.mark.parametrize("splits", [1, 3, 16, 128])
+@pytest.mark.parametrize("out_dtype", [torch.float32, BF16, FP16])
+def test_combine_against_float64(gpu, splits, out_dtype):
+    g = torch.Generator(device="cuda").manual_seed(splits)
+    b, sq, h, d = 2, 7, 5, 128
+    o = torch.randn(splits, b, sq, h, d, device="cuda", generator=g)
+    lse = torch.randn(splits, b, sq, h, device="cuda", generator=g) * 3
+    lse[0, 0, 0] = -math.inf  # a part with no key for these rows: its O is not read as a number
+    o[0, 0, 0] = math.nan
+    lse[:, 1, 2, 3] = -math.inf  # a row no part saw
+    out, lse_out = flash3.flash_attn_combine(o, lse, out_dtype=out_dtype)
+    ref, ref_lse = _combine_reference(o, lse)
+    assert out.dtype == out_dtype and lse_out.shape == (b, sq, h)
+    ulp = {torch.float32: 2.0 ** -20, BF16: 2.0 ** -7, FP16: 2.0 ** -10}[out_dtype]
+    assert torch.allclose(out.double(), ref, rtol=ulp, atol=ulp), (out.double() - ref).abs().max()
+    assert torch.equal(torch.isinf(lse_out), torch.isinf(ref_lse))
+    assert torch.allclose(lse_out.double(), ref_lse, rtol=1e-6, atol=1e-6)
+    assert torch.all(out[1, 2, 3] == 0)
+
+
+def test_combine_layouts_and_head_dims(gpu):
+    """FlashAttention-3's own partial layouts (the LSE's seqlen contiguous, O
+    permuted), a head dim that is no multiple of 8, and a strided out."""
+    g = torch.Generator(device="cuda").manual_seed(9)
+    splits, b, sq, h = 4, 3, 9, 6
+    lse = (torch.randn(splits, b, h, sq, device="cuda", generator=g) * 2).transpose(2, 3)
+    for d in (64, 60, 4):
+        o = torch.randn(splits, b, h, sq, d, device="cuda", generator=g).transpose(2, 3)
+        ref, ref_lse = _combine_reference(o, lse)
+        out, lse_out = flash3.flash_attn_combine(o, lse)
+        assert torch.allclose(out.double(), ref, rtol=2.0 ** -20, atol=2.0 ** -20), d
+        assert torch.allclose(lse_out.double(), ref_lse, rtol=1e-6, atol=1e-6), d
+        wide = torch.zeros(b, sq, h, d + 8, device="cuda", dtype=BF16)
+        out, _ = flash3.flash_attn_combine(o, lse, out=wide[..., :d])
+        assert torch.allclose(out.double(), ref, rtol=2.0 ** -7, atol=2.0 ** -7), d
+        assert torch.all(wide[..., d:] == 0), d
+
+
+def test_combine_merges_attention_over_key_halves(gpu):
+    """Attention over two halves of the keys, combined, is attention over all
+    of them: the bf16 partials' rounding apart."""
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q, k, v = (torch.randn(2, 300, 8, 128, device="cuda", dtype=BF16, generator=g) for _ in range(3))
+    whole, whole_lse = flash3.flash_attn_func(q, k, v, return_attn_probs=True)
+    parts = [flash3.flash_attn_func(q, k[:, s], v[:, s], return_attn_probs=True)
+             for s in (slice(0, 170), slice(170, 300))]
+    o = torch.stack([p[0].float() for p in parts])
+    lse = torch.stack([p[1].transpose(1, 2) for p in parts])
+    out, lse_out = flash3.flash_attn_combine(o, lse, out_dtype=BF16)
+    assert torch.allclose(out.float(), whole.float(), rtol=2.0 ** -6, atol=2.0 ** -7)
+    assert torch.allclose(lse_out, whole_lse.transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
 # ---- Paged KV cache -------------------------------------------------------------
 
 

@@ -772,3 +772,65 @@ def test_kvcache_compile_fullgraph_on_meta():
                                                                               causal=True),
                        fullgraph=True, backend="eager")
     assert fn(q, kc, vc, lens).shape == q.shape
+
+
+# ---- flash_attn_combine --------------------------------------------------------
+
+
+def partials(splits=3, b=2, sq=5, h=4, d=128):
+    """out_partial and lse_partial on meta, FlashAttention-3's layouts."""
+    return meta(splits, b, sq, h, d, dtype=torch.float32), meta(splits, b, sq, h, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("d", [128, 60])
+@pytest.mark.parametrize("out_dtype", [None, torch.float32, BF16, torch.float16])
+def test_combine_shapes_on_meta(d, out_dtype):
+    o, lse = partials(d=d)
+    out, lse_out = flash3.flash_attn_combine(o, lse, out_dtype=out_dtype)
+    assert out.shape == (2, 5, 4, d) and out.dtype == (out_dtype or torch.float32)
+    assert lse_out.shape == (2, 5, 4) and lse_out.dtype == torch.float32
+    given = meta(2, 5, 4, d, dtype=BF16)
+    out, _ = flash3.flash_attn_combine(o, lse, out=given)
+    assert out is given
+
+
+def test_combine_opcheck_and_compile_on_meta():
+    o, lse = partials()
+    torch.library.opcheck(torch.ops.flash3.combine.default, (o, lse, meta(2, 5, 4, 128, dtype=BF16)))
+    fn = torch.compile(lambda o, lse: flash3.flash_attn_combine(o, lse, out_dtype=BF16), fullgraph=True,
+                       backend="eager")
+    out, lse_out = fn(o, lse)
+    assert out.shape == (2, 5, 4, 128) and lse_out.shape == (2, 5, 4)
+
+
+def _bad_combine_calls():
+    o, lse = partials()
+    f = flash3.flash_attn_combine
+    return [
+        ("combine partial type", lambda: f([1.0], lse), ValueError, "out_partial: must be a torch.Tensor"),
+        ("combine partial dtype", lambda: f(o.bfloat16(), lse), ValueError, "out_partial: must be torch.float32"),
+        ("combine partial dims", lambda: f(o[0], lse), ValueError, "out_partial: must have 5 dims"),
+        ("combine lse dtype", lambda: f(o, lse.half()), ValueError, "lse_partial: must be torch.float32"),
+        ("combine lse shape", lambda: f(o, meta(3, 2, 5, 3, dtype=torch.float32)), ValueError,
+         "lse_partial: must have shape (num_splits, batch, seqlen, heads) = (3, 2, 5, 4)"),
+        ("combine cpu", lambda: f(torch.zeros(3, 2, 5, 4, 8), torch.zeros(3, 2, 5, 4)), ValueError,
+         "out_partial: must be a CUDA tensor"),
+        ("combine lse device", lambda: f(o, torch.zeros(3, 2, 5, 4)), ValueError,
+         "lse_partial: must be on out_partial's device"),
+        ("combine splits", lambda: f(*partials(splits=129)), ValueError, "num_splits (dim 0) must be in [1, 128]"),
+        ("combine strided", lambda: f(o.transpose(3, 4), meta(3, 2, 5, 128, dtype=torch.float32)), ValueError,
+         "out_partial: its last dim (head_dim) must be contiguous"),
+        ("combine out dtype", lambda: f(o, lse, out_dtype=torch.float64), ValueError, "out_dtype: must be"),
+        ("combine out vs dtype", lambda: f(o, lse, out=meta(2, 5, 4, 128, dtype=BF16), out_dtype=torch.float16),
+         ValueError, "out: dtype must be out_dtype"),
+        ("combine out shape", lambda: f(o, lse, out=meta(2, 5, 4, 64, dtype=BF16)), ValueError,
+         "out: must have shape (batch, seqlen, heads, head_dim) = (2, 5, 4, 128)"),
+    ]
+
+
+_BAD_COMBINE = _bad_combine_calls()
+
+
+@pytest.mark.parametrize("call,exception,text", [c[1:] for c in _BAD_COMBINE], ids=[c[0] for c in _BAD_COMBINE])
+def test_bad_combine_argument_is_named(call, exception, text, monkeypatch):
+    expect_named(call, exception, text, monkeypatch)
