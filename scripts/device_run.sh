@@ -8,6 +8,7 @@
 # `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
 #   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize sanitize_varlen bench bwd
 #                                       pair fp8 ablation compare sustained match ab features varlen decode
+#                                       parallel
 #                                       (default: test python sanitize bench bwd fp8 ablation compare)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter); BUILD_DTYPES and
 # BUILD_HEAD_DIMS narrow the stage build (CMake's FLASH3_DTYPES,
@@ -323,6 +324,16 @@ if has decode; then
   grep -E '^\|' "$OUT/decode.txt"
 fi
 has sustained && peers peers_sustained --sustained
+# Context parallelism over the machine's GPUs (issue 37; kinds of 2 or 4
+# GPUs): its tests against one GPU, then 128k tokens causal, forward and
+# backward, ring and all-gather, against one GPU.
+if has parallel; then
+  timeout 300 "${py[@]}" -m pytest -q -rs tests/python/test_parallel_gpu.py >"$OUT/parallel_test.log" 2>&1
+  summary+=("parallel tests rc=$?: $(tail -1 "$OUT/parallel_test.log")")
+  timeout 400 "${py[@]}" bench/context_parallel.py --gpus "$(nvidia-smi -L | wc -l)" >"$OUT/parallel.txt" 2>&1
+  summary+=("parallel bench rc=$?")
+  grep -E '^\||per-GPU|error' "$OUT/parallel.txt"
+fi
 
 if [ -n "$sampler" ]; then
   kill "$sampler" 2>/dev/null
