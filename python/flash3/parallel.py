@@ -28,7 +28,8 @@ import torch.distributed as dist
 
 from . import _ops, interface
 
-__all__ = ["attention", "zigzag_shard", "zigzag_unshard"]
+__all__ = ["attention", "attention_varlen", "zigzag_shard", "zigzag_unshard", "zigzag_shard_varlen",
+           "zigzag_unshard_varlen"]
 
 MODES = ("ring", "allgather")
 
@@ -65,6 +66,52 @@ def zigzag_unshard(x, group=None, dim=1):
     for i, position in enumerate(_zigzag_order(world)):
         natural[position] = gathered[i]
     return torch.cat(natural, dim=dim)
+
+
+def _document_bounds(cu_seqlens):
+    """(start, length) of each document, read on the host: the sharding
+    helpers run where a batch is built, before the GPU work."""
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    return [(a, b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def zigzag_shard_varlen(x, cu_seqlens, group=None):
+    """This rank's shard of packed documents x [tokens, ...] (cu_seqlens
+    int32 [documents + 1] of the whole documents): each document's chunks r
+    and 2W - 1 - r of its 2W equal chunks, one document after another.
+    Returns (shard, the shard's cu_seqlens on x's device, its max_seqlen),
+    attention_varlen's arguments."""
+    world, rank = _group_size_rank(group)
+    documents = _document_bounds(cu_seqlens)
+    uneven = [n for _, n in documents if n % (2 * world)]
+    if uneven:
+        raise ValueError(f"cu_seqlens: every document's length must divide into 2 x {world} equal chunks (pad "
+                         f"them); these do not: {uneven[:4]}")
+    pieces, local = [], []
+    for start, n in documents:
+        c = n // (2 * world)
+        mirror = 2 * world - 1 - rank
+        pieces += [x[start + rank * c:start + (rank + 1) * c], x[start + mirror * c:start + (mirror + 1) * c]]
+        local.append(2 * c)
+    bounds = torch.tensor([0] + local, dtype=torch.int64).cumsum(0).to(device=x.device, dtype=torch.int32)
+    return (torch.cat(pieces) if pieces else x[:0]), bounds, max(local, default=0)
+
+
+def zigzag_unshard_varlen(x, cu_seqlens, group=None):
+    """The packed documents from every rank's zigzag_shard_varlen shard (an
+    all-gather); cu_seqlens those of the whole documents."""
+    world, _ = _group_size_rank(group)
+    parts = _all_gather(x.contiguous(), group)
+    pieces, local_start = [], 0
+    for _, n in _document_bounds(cu_seqlens):
+        c = n // (2 * world)
+        chunks = [None] * (2 * world)
+        for r, part in enumerate(parts):
+            chunks[r] = part[local_start:local_start + c]
+            chunks[2 * world - 1 - r] = part[local_start + c:local_start + 2 * c]
+        pieces += chunks
+        local_start += 2 * c
+    return torch.cat(pieces) if pieces else x[:0]
 
 
 # ---- communication -----------------------------------------------------------
@@ -130,80 +177,190 @@ class Flash3Kernels:
         dq, dk, dv, _ = _ops.bwd(dout, q, k, v, out, lse.contiguous(), scale, causal, self.deterministic)
         return dq, dk, dv
 
+    def forward_varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale):
+        """Packed sequences: (out [tokens, heads, d], lse [heads, tokens])."""
+        return _ops.varlen_fwd(q, k, v, cu_q, cu_k, None, seqused_k, max_q, max_k, scale, causal, self.deterministic)
+
+    def backward_varlen(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale):
+        dq, dk, dv, _ = _ops.varlen_bwd(dout, q, k, v, out, lse.contiguous(), cu_q, cu_k, None, seqused_k, max_q,
+                                        max_k, scale, causal, self.deterministic)
+        return dq, dk, dv
+
 
 def _wide(t):
     """t in the accumulators' precision: float32 at least."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def _merge(out, lse, block_out, block_lse):
-    """Running O ([batch, seqlen, heads, d], float32 at least) and LSE
-    ([batch, heads, seqlen]) merged with a block's through their LSEs; None:
-    no block yet."""
+def _merge(out, lse, block_out, block_lse, lse_to_rows):
+    """Running O (float32 at least) and LSE merged with a block's through
+    their LSEs; None: no block yet. lse_to_rows views an LSE in O's row
+    order, with a trailing dim for the head dim."""
     if out is None:
         return _wide(block_out), _wide(block_lse)
     total = torch.logaddexp(lse, block_lse)
-    weight = lambda x: torch.exp(x - total).nan_to_num(nan=0.0).transpose(1, 2).unsqueeze(-1)  # noqa: E731
+    weight = lambda x: lse_to_rows(torch.exp(x - total).nan_to_num(nan=0.0))  # noqa: E731
     return out * weight(lse) + _wide(block_out) * weight(block_lse), total
 
 
 # ---- ring ------------------------------------------------------------------------
+#
+# The ring's steps are the same for fixed-length and packed shards; a layout
+# says which rows of this rank's queries attend to which keys of the block it
+# holds at a step (rank - step's shard), and runs the kernels on them. Under
+# a causal mask, zig-zag: step 0 is the shard against itself (causal over the
+# two chunks as concatenated); a block from a lower rank is seen whole by both
+# chunks through its first chunk only; one from a higher rank is seen whole by
+# the second chunk only. Without one, every query sees every key.
 
 
-def _ring_blocks(rank, world, step, causal, chunk):
-    """Which rows of this rank's queries attend to which keys of the block it
-    holds at `step` (rank - step's shard), zig-zag: (query rows, key rows,
-    causal) or None for no work. Step 0 is the shard against itself (causal
-    over the two chunks as concatenated); a block from a lower rank is seen
-    whole by both chunks through its first chunk only; one from a higher rank
-    is seen whole by the second chunk only."""
-    everything = slice(None)
+def _ring_block(rank, world, step, causal):
+    """(query rows, key rows, causal), each "all", "first" or "second" (chunk)."""
     if not causal:
-        return everything, everything, False
+        return "all", "all", False
     source = (rank - step) % world
     if step == 0:
-        return everything, everything, True
+        return "all", "all", True
     if source < rank:
-        return everything, slice(0, chunk), False
-    return slice(chunk, None), everything, False
+        return "all", "first", False
+    return "second", "all", False
 
 
-def _ring_forward(q, k, v, group, causal, scale, kernels):
+class _Dense:
+    """Shards [batch, 2 * chunk, heads, d], LSE [batch, heads, seqlen]."""
+
+    def __init__(self, q, kernels, scale):
+        chunk = q.shape[1] // 2
+        self.slices = {"all": slice(None), "first": slice(0, chunk), "second": slice(chunk, None)}
+        self.kernels, self.scale = kernels, scale
+
+    def rows(self, t, part):
+        return t[:, self.slices[part]]
+
+    def lse_rows(self, lse, part):
+        return lse[:, :, self.slices[part]]
+
+    def set_rows(self, t, lse, part, value, value_lse):
+        t[:, self.slices[part]], lse[:, :, self.slices[part]] = value, value_lse
+
+    @staticmethod
+    def lse_to_rows(lse):
+        return lse.transpose(1, 2).unsqueeze(-1)
+
+    def forward(self, q, k, v, rows, keys, causal):
+        keys = self.slices[keys]
+        return self.kernels.forward(q, k[:, keys], v[:, keys], causal, self.scale)
+
+    def backward(self, dout, q, k, v, out, lse, rows, keys, causal):
+        """dq, and dk, dv of the `keys` rows."""
+        part = self.slices[keys]
+        return self.kernels.backward(dout, q, k[:, part], v[:, part], out, lse, causal, self.scale)
+
+    def add_rows(self, acc, part, grad):
+        acc[:, self.slices[part]] += grad
+
+    def add_keys(self, acc, part, grad):
+        acc[:, self.slices[part]] += grad
+
+
+class _Packed:
+    """Shards [tokens, heads, d] of packed documents, each document sharded
+    zig-zag on its own (its local tokens its chunk r, then its chunk
+    2W - 1 - r), cu_seqlens the local documents' bounds; LSE [heads, tokens].
+    The first chunks are reached through seqused_k (no copy), the second
+    chunks' query rows through a gather."""
+
+    def __init__(self, q, cu_seqlens, max_seqlen, kernels, scale):
+        half = (cu_seqlens[1:] - cu_seqlens[:-1]) // 2
+        self.cu, self.max, self.half = cu_seqlens, max_seqlen, half.to(torch.int32)
+        self.cu_half = torch.cat([half.new_zeros(1), half.cumsum(0)]).to(torch.int32)
+        rows = q.shape[0] // 2
+        # Row i of the second chunks: its document's second chunk start plus
+        # its place in it (sizes known on the host: no synchronisation).
+        starts = torch.repeat_interleave(cu_seqlens[:-1] + half, half, output_size=rows)
+        firsts = torch.repeat_interleave(self.cu_half[:-1], half, output_size=rows)
+        self.second = starts + torch.arange(rows, device=q.device) - firsts
+        self.kernels, self.scale = kernels, scale
+
+    def rows(self, t, part):
+        return t if part == "all" else t.index_select(0, self.second)
+
+    def lse_rows(self, lse, part):
+        return lse if part == "all" else lse.index_select(1, self.second)
+
+    def set_rows(self, t, lse, part, value, value_lse):
+        if part == "all":
+            t.copy_(value)
+            lse.copy_(value_lse)
+        else:
+            t.index_copy_(0, self.second, value.to(t.dtype))
+            lse.index_copy_(1, self.second, value_lse.to(lse.dtype))
+
+    @staticmethod
+    def lse_to_rows(lse):
+        return lse.transpose(0, 1).unsqueeze(-1)
+
+    def _bounds(self, rows, keys):
+        cu_q, max_q = (self.cu, self.max) if rows == "all" else (self.cu_half, self.max // 2)
+        return cu_q, self.cu, max_q, self.max, self.half if keys == "first" else None
+
+    def forward(self, q, k, v, rows, keys, causal):
+        return self.kernels.forward_varlen(q, k, v, *self._bounds(rows, keys), causal, self.scale)
+
+    def backward(self, dout, q, k, v, out, lse, rows, keys, causal):
+        """dq, and dk, dv of the whole block (zero past seqused_k)."""
+        return self.kernels.backward_varlen(dout, q, k, v, out, lse, *self._bounds(rows, keys), causal, self.scale)
+
+    def add_rows(self, acc, part, grad):
+        if part == "all":
+            acc += grad
+        else:
+            acc.index_add_(0, self.second, grad.to(acc.dtype))
+
+    @staticmethod
+    def add_keys(acc, part, grad):
+        acc += grad
+
+
+def _ring_forward(q, k, v, group, causal, layout):
     world, rank = _group_size_rank(group)
-    ring, chunk = _Ring(group), q.shape[1] // 2
+    ring = _Ring(group)
     out = lse = None
     k_cur, v_cur = k, v
     for step in range(world):
         wait = ring.shift([k_cur, v_cur]) if step + 1 < world else None
-        rows, keys, block_causal = _ring_blocks(rank, world, step, causal, chunk)
-        block_out, block_lse = kernels.forward(q[:, rows], k_cur[:, keys], v_cur[:, keys], block_causal, scale)
-        if out is None:
-            out, lse = _merge(None, None, block_out, block_lse)
+        rows, keys, block_causal = _ring_block(rank, world, step, causal)
+        block_out, block_lse = layout.forward(layout.rows(q, rows), k_cur, v_cur, rows, keys, block_causal)
+        if out is None:  # step 0: every row
+            out, lse = _merge(None, None, block_out, block_lse, layout.lse_to_rows)
         else:
-            out[:, rows], lse[:, :, rows] = _merge(out[:, rows], lse[:, :, rows], block_out, block_lse)
+            merged = _merge(layout.rows(out, rows), layout.lse_rows(lse, rows), block_out, block_lse,
+                            layout.lse_to_rows)
+            layout.set_rows(out, lse, rows, *merged)
         if wait is not None:
             k_cur, v_cur = wait()
     return out.to(q.dtype), lse
 
 
-def _ring_backward(dout, q, k, v, out, lse, group, causal, scale, kernels):
+def _ring_backward(dout, q, k, v, out, lse, group, causal, layout):
     world, rank = _group_size_rank(group)
-    ring, chunk = _Ring(group), q.shape[1] // 2
+    ring = _Ring(group)
     dq = _wide(torch.zeros_like(q))
     k_cur, v_cur = k, v
     wait_grad = None
     for step in range(world):
         wait_kv = ring.shift([k_cur, v_cur]) if step + 1 < world else None
-        rows, keys, block_causal = _ring_blocks(rank, world, step, causal, chunk)
-        block_dq, block_dk, block_dv = kernels.backward(dout[:, rows], q[:, rows], k_cur[:, keys], v_cur[:, keys],
-                                                        out[:, rows], lse[:, :, rows], block_causal, scale)
-        dq[:, rows] += block_dq
+        rows, keys, block_causal = _ring_block(rank, world, step, causal)
+        block_dq, block_dk, block_dv = layout.backward(
+            layout.rows(dout, rows), layout.rows(q, rows), k_cur, v_cur, layout.rows(out, rows),
+            layout.lse_rows(lse, rows), rows, keys, block_causal)
+        layout.add_rows(dq, rows, block_dq)
         # The accumulators of this block's K and V: the previous ranks' sums
         # (none at step 0, where the block is this rank's own), plus this one.
         dk_acc, dv_acc = wait_grad() if wait_grad is not None else (_wide(torch.zeros_like(k_cur)),
                                                                      _wide(torch.zeros_like(v_cur)))
-        dk_acc[:, keys] += block_dk
-        dv_acc[:, keys] += block_dv
+        layout.add_keys(dk_acc, keys, block_dk)
+        layout.add_keys(dv_acc, keys, block_dv)
         # On to the next rank, which holds this block at the next step; the
         # last step's sums go to the block's owner.
         wait_grad = ring.shift([dk_acc, dv_acc]) if world > 1 else (lambda acc=(dk_acc, dv_acc): acc)
@@ -281,13 +438,13 @@ def _allgather_backward(dout, q, k, v, out, lse, group, causal, scale, kernels):
     return dq, _scattered(dk_all, group, causal).to(k.dtype), _scattered(dv_all, group, causal).to(v.dtype)
 
 
-_PASSES = {"ring": (_ring_forward, _ring_backward), "allgather": (_allgather_forward, _allgather_backward)}
-
-
 class _ContextParallelAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal, scale, mode, kernels):
-        out, lse = _PASSES[mode][0](q, k, v, group, causal, scale, kernels)
+        if mode == "ring":
+            out, lse = _ring_forward(q, k, v, group, causal, _Dense(q, kernels, scale))
+        else:
+            out, lse = _allgather_forward(q, k, v, group, causal, scale, kernels)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = group, causal, scale, mode, kernels
         return out
@@ -296,18 +453,39 @@ class _ContextParallelAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         group, causal, scale, mode, kernels = ctx.args
-        dq, dk, dv = _PASSES[mode][1](dout.contiguous(), q, k, v, out, lse, group, causal, scale, kernels)
-        return dq, dk, dv, None, None, None, None, None
+        if mode == "ring":
+            grads = _ring_backward(dout.contiguous(), q, k, v, out, lse, group, causal, _Dense(q, kernels, scale))
+        else:
+            grads = _allgather_backward(dout.contiguous(), q, k, v, out, lse, group, causal, scale, kernels)
+        return (*grads, None, None, None, None, None)
+
+
+class _ContextParallelVarlen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, group, causal, scale, kernels):
+        layout = _Packed(q, cu_seqlens, max_seqlen, kernels, scale)
+        out, lse = _ring_forward(q, k, v, group, causal, layout)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
+        ctx.args = max_seqlen, group, causal, scale, kernels
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
+        max_seqlen, group, causal, scale, kernels = ctx.args
+        layout = _Packed(q, cu_seqlens, max_seqlen, kernels, scale)
+        grads = _ring_backward(dout.contiguous(), q, k, v, out, lse, group, causal, layout)
+        return (*grads, None, None, None, None, None, None)
 
 
 # ---- the entry point -------------------------------------------------------------
 
 
-def _check_agreement(q, k, v, group, causal, scale, mode):
+def _check_agreement(q, k, v, group, causal, scale, mode, documents=0):
     """Every rank's shapes, dtype and options equal to this rank's: one small
     all-gather."""
-    mine = torch.tensor([*q.shape, *k.shape, *v.shape, _ops.DTYPES.get(q.dtype, -1), int(causal),
-                         MODES.index(mode), int(scale * 2 ** 20)], dtype=torch.int64, device=q.device)
+    mine = torch.tensor([q.dim(), *q.shape, *k.shape, *v.shape, _ops.DTYPES.get(q.dtype, -1), int(causal),
+                         MODES.index(mode), int(scale * 2 ** 20), documents], dtype=torch.int64, device=q.device)
     every = torch.stack(_all_gather(mine, group))
     if not bool((every == mine).all()):
         raise ValueError("group: the ranks disagree on q, k or v's shapes or dtype, causal, softmax_scale or mode "
@@ -328,23 +506,56 @@ def attention(q, k, v, group=None, causal=False, softmax_scale=None, mode="ring"
     raising ValueError when they differ."""
     if mode not in MODES:
         raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+    _check_group(group)
+    interface._check_qkv(q, k, v, interface._OUT_DTYPES)
+    if q.shape[1] % 2 != 0 or k.shape[1] != q.shape[1]:
+        raise ValueError(f"q: a zig-zag shard holds two equal chunks of queries, keys and values: q's and k's "
+                         f"seqlen must be equal and even, got {q.shape[1]} and {k.shape[1]}")
+    scale = _checked_options(q, causal, deterministic, softmax_scale)
+    if check:
+        _check_agreement(q, k, v, group, causal, scale, mode)
+    return _ContextParallelAttention.apply(q, k, v, group, causal, scale, mode, Flash3Kernels(deterministic))
+
+
+def attention_varlen(q, k, v, cu_seqlens, max_seqlen, group=None, causal=False, softmax_scale=None,
+                     deterministic=False, check=True):
+    """attention() over packed documents (ring mode), each document sharded
+    zig-zag on its own (zigzag_shard_varlen): q, k, v [tokens, heads,
+    head_dim] this rank's packed shards, cu_seqlens (int32 [documents + 1],
+    on the GPU) and max_seqlen this rank's (each local document is its chunk
+    r, then its chunk 2W - 1 - r, of equal lengths). Every rank's documents
+    have the same local lengths; a document's keys are only its own. The
+    contents of cu_seqlens are trusted, as flash_attn_varlen_func's."""
+    _check_group(group)
+    interface._check_qkv(q, k, v, interface._OUT_DTYPES, dims=3)
+    if k.shape[0] != q.shape[0] or q.shape[0] % 2 != 0:
+        raise ValueError(f"q: a packed zig-zag shard holds two equal chunks of each document: q's and k's tokens "
+                         f"must be equal and even, got {q.shape[0]} and {k.shape[0]}")
+    cu_seqlens = interface._checked_index_tensor("cu_seqlens", cu_seqlens, None, q.device)
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0 or max_seqlen % 2:
+        raise ValueError(f"max_seqlen: must be an even int >= 0 (a local document is two equal chunks), "
+                         f"got {max_seqlen!r}")
+    scale = _checked_options(q, causal, deterministic, softmax_scale)
+    if check:
+        _check_agreement(q, k, v, group, causal, scale, "ring", cu_seqlens.shape[0])
+    return _ContextParallelVarlen.apply(q, k, v, cu_seqlens, max_seqlen, group, causal, scale,
+                                        Flash3Kernels(deterministic))
+
+
+def _check_group(group):
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("group: torch.distributed is not initialised (dist.init_process_group(\"nccl\"))")
     if dist.get_backend(group) != "nccl":
         raise ValueError(f"group: flash3.parallel runs on NCCL process groups, got backend "
                          f"{dist.get_backend(group)!r}")
-    interface._check_qkv(q, k, v, interface._OUT_DTYPES)
+
+
+def _checked_options(q, causal, deterministic, softmax_scale):
     if q.device.type != "cuda":
         raise ValueError(f"q: must be on this rank's GPU, got {q.device}")
-    if q.shape[1] % 2 != 0 or k.shape[1] != q.shape[1]:
-        raise ValueError(f"q: a zig-zag shard holds two equal chunks of queries, keys and values: q's and k's "
-                         f"seqlen must be equal and even, got {q.shape[1]} and {k.shape[1]}")
     if not isinstance(causal, bool):
         raise ValueError(f"causal: must be a bool, got {causal!r}")
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic: must be a bool, got {deterministic!r}")
-    scale = interface._checked_scale(softmax_scale, q)
-    if check:
-        _check_agreement(q, k, v, group, causal, scale, mode)
-    return _ContextParallelAttention.apply(q, k, v, group, causal, scale, mode, Flash3Kernels(deterministic))
+    return interface._checked_scale(softmax_scale, q)
 

@@ -60,6 +60,30 @@ class ReferenceKernels:
         return dq, dk.view(b, sk, hkv, group, d).sum(3), dv.view(b, sk, hkv, group, d).sum(3)
 
 
+    def forward_varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale):
+        out = torch.zeros_like(q)
+        lse = torch.full((q.shape[1], q.shape[0]), -torch.inf, dtype=q.dtype)
+        for b, (qs, ks) in enumerate(self._sequences(cu_q, cu_k, seqused_k)):
+            o, l_b = reference_attention(q[qs][None], k[ks][None], v[ks][None], causal, scale)
+            out[qs], lse[:, qs] = o[0], l_b[0]
+        return out, lse
+
+    def backward_varlen(self, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, seqused_k, causal, scale):
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for qs, ks in self._sequences(cu_q, cu_k, seqused_k):
+            grads = self.backward(dout[qs][None], q[qs][None], k[ks][None], v[ks][None], out[qs][None],
+                                  lse[:, qs][None], causal, scale)
+            dq[qs], dk[ks], dv[ks] = (g[0] for g in grads)
+        return dq, dk, dv
+
+    @staticmethod
+    def _sequences(cu_q, cu_k, seqused_k):
+        """Each sequence's query rows and key rows (its first seqused_k)."""
+        for b in range(cu_q.shape[0] - 1):
+            used = int(cu_k[b + 1] - cu_k[b]) if seqused_k is None else int(seqused_k[b])
+            yield slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b]) + used)
+
+
 CASES = [(mode, causal, heads) for mode in parallel.MODES for causal in (False, True) for heads in ((4, 4), (4, 2))]
 
 
@@ -83,6 +107,29 @@ def _worker(rank, world, init_file, results):
         ref_out.backward(dout)
         want = [ref_out.detach(), *(t.grad for t in full)]
         errors[(mode, causal, hq, hkv)] = max((g - w).abs().max().item() for g, w in zip(got, want))
+    # Packed documents, each sharded zig-zag on its own (ring).
+    for causal in (False, True):
+        lengths = [4 * world, 2 * world, 6 * world, 2 * world]
+        cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+        total, hq, hkv, d = sum(lengths), 4, 2, 8
+        q = torch.randn(total, hq, d, dtype=torch.float64)
+        k, v = (torch.randn(total, hkv, d, dtype=torch.float64) for _ in range(2))
+        dout = torch.randn(total, hq, d, dtype=torch.float64)
+        scale = d ** -0.5
+        shards, cu_local, longest = [], None, 0
+        for t in (q, k, v):
+            shard, cu_local, longest = parallel.zigzag_shard_varlen(t, cu)
+            shards.append(shard.clone().requires_grad_(True))
+        out = parallel._ContextParallelVarlen.apply(*shards, cu_local, longest, None, causal, scale,
+                                                    ReferenceKernels())
+        out.backward(parallel.zigzag_shard_varlen(dout, cu)[0])
+        got = [parallel.zigzag_unshard_varlen(t, cu) for t in (out.detach(), *(s.grad for s in shards))]
+        full = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        ref_out = torch.cat([reference_attention(full[0][a:b][None], full[1][a:b][None], full[2][a:b][None],
+                                                 causal, scale)[0][0] for a, b in zip(cu[:-1], cu[1:])])
+        ref_out.backward(dout)
+        want = [ref_out.detach(), *(t.grad for t in full)]
+        errors[("varlen", causal, hq, hkv)] = max((g - w).abs().max().item() for g, w in zip(got, want))
     if rank == 0:
         results.put(errors)
     dist.destroy_process_group()
@@ -96,7 +143,7 @@ def test_context_parallel_equals_whole_sequence(world):
         mp.start_processes(_worker, args=(world, os.path.join(tmp, "init"), results), nprocs=world, join=True,
                            start_method="spawn")
     errors = results.get(timeout=60)
-    assert set(errors) == {(m, c, hq, hkv) for m, c, (hq, hkv) in CASES}
+    assert set(errors) == {(m, c, hq, hkv) for m, c, (hq, hkv) in CASES} | {("varlen", c, 4, 2) for c in (0, 1)}
     bad = {case: e for case, e in errors.items() if not e < 1e-10}
     assert not bad, bad
 
@@ -111,24 +158,40 @@ def test_ring_blocks_cover_the_causal_mask_once():
     attended exactly once, and no other."""
     world, chunk = 4, 3
     order = parallel._zigzag_order(world)
+    part = {"all": slice(None), "first": slice(0, chunk), "second": slice(chunk, None)}
     for rank in range(world):
         seen = torch.zeros(2 * chunk, 2 * world * chunk, dtype=torch.int64)
         for step in range(world):
             source = (rank - step) % world
-            block = parallel._ring_blocks(rank, world, step, True, chunk)
-            if block is None:
-                continue
-            rows, keys, causal = block
+            rows, keys, causal = parallel._ring_block(rank, world, step, True)
             key_positions = torch.cat([torch.arange(c * chunk, (c + 1) * chunk)
-                                       for c in order[2 * source:2 * source + 2]])[keys]
-            for i in range(2 * chunk)[rows]:
-                local = list(range(2 * chunk)[rows]).index(i)
+                                       for c in order[2 * source:2 * source + 2]])[part[keys]]
+            query_rows = list(range(2 * chunk))[part[rows]]
+            for local, i in enumerate(query_rows):
                 for j, position in enumerate(key_positions.tolist()):
-                    if not causal or j <= local + len(key_positions) - len(range(2 * chunk)[rows]):
+                    # The causal mask aligned bottom-right over the block's rows and keys.
+                    if not causal or j <= local + len(key_positions) - len(query_rows):
                         seen[i, position] += 1
         positions = torch.cat([torch.arange(c * chunk, (c + 1) * chunk) for c in order[2 * rank:2 * rank + 2]])
         allowed = (torch.arange(2 * world * chunk)[None, :] <= positions[:, None]).long()
         assert torch.equal(seen, allowed), rank
+
+
+def test_zigzag_varlen_shards_each_document(monkeypatch):
+    """Two ranks' shards of documents of 4, 8 and 4 tokens, and back."""
+    cu = torch.tensor([0, 4, 12, 16], dtype=torch.int32)
+    x = torch.arange(16)
+    expected = {0: [0, 3, 4, 5, 10, 11, 12, 15], 1: [1, 2, 6, 7, 8, 9, 13, 14]}
+    shards = {}
+    for rank, rows in expected.items():
+        monkeypatch.setattr(parallel, "_group_size_rank", lambda group, rank=rank: (2, rank))
+        shards[rank], local_cu, longest = parallel.zigzag_shard_varlen(x, cu)
+        assert shards[rank].tolist() == rows
+        assert local_cu.tolist() == [0, 2, 6, 8] and local_cu.dtype == torch.int32 and longest == 4
+    monkeypatch.setattr(parallel, "_all_gather", lambda t, group: [shards[0], shards[1]])
+    assert torch.equal(parallel.zigzag_unshard_varlen(shards[0], cu), x)
+    with pytest.raises(ValueError, match="cu_seqlens: every document's length must divide into 2 x 2"):
+        parallel.zigzag_shard_varlen(x[:6], torch.tensor([0, 6], dtype=torch.int32))
 
 
 def test_attention_refuses_without_an_nccl_group():

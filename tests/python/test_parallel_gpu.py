@@ -1,6 +1,7 @@
 """flash3.parallel on GPUs: 2 (and 4, where there are) processes, one GPU
 each, NCCL, flash3's kernels; outputs and gradients against single-GPU
-flash3 on the whole sequence, ring and all-gather, causal and not, GQA; and
+flash3 on the whole sequence, ring and all-gather, causal and not, GQA,
+packed documents; and
 ranks that disagree on shapes get a ValueError. Skipped, saying why, without
 two Hopper GPUs or the library.
 """
@@ -44,6 +45,27 @@ def _worker(rank, world, init_file, results):
             want_out.backward(dout)
             want = [want_out.detach(), *(t.grad for t in full)]
             errors[(mode, causal)] = max(_relative_error(g, w) for g, w in zip(got, want))
+    # Packed documents, each sharded zig-zag on its own.
+    for causal in (False, True):
+        gen = torch.Generator(device="cuda").manual_seed(8)
+        lengths = [2 * world * n for n in (300, 64, 900, 5)]
+        cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+        total, hq, hkv, d = sum(lengths), 8, 2, 128
+        q = torch.randn(total, hq, d, device="cuda", dtype=BF16, generator=gen)
+        k, v = (torch.randn(total, hkv, d, device="cuda", dtype=BF16, generator=gen) for _ in range(2))
+        dout = torch.randn(total, hq, d, device="cuda", dtype=BF16, generator=gen)
+        shards = []
+        for t in (q, k, v):
+            shard, cu_local, longest = parallel.zigzag_shard_varlen(t, cu)
+            shards.append(shard.clone().requires_grad_(True))
+        out = parallel.attention_varlen(*shards, cu_local, longest, causal=causal)
+        out.backward(parallel.zigzag_shard_varlen(dout, cu)[0])
+        got = [parallel.zigzag_unshard_varlen(t, cu) for t in (out.detach(), *(s.grad for s in shards))]
+        full = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        want_out = flash3.flash_attn_varlen_func(*full, cu, cu, max(lengths), max(lengths), causal=causal)
+        want_out.backward(dout)
+        want = [want_out.detach(), *(t.grad for t in full)]
+        errors[("varlen", causal)] = max(_relative_error(g, w) for g, w in zip(got, want))
     # Ranks that disagree: rank 1 shards one chunk more.
     x = torch.zeros(1, 4 + 2 * rank, 2, 64, device="cuda", dtype=BF16)
     try:
