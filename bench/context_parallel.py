@@ -91,11 +91,11 @@ def _worker(rank, world, init_file, args, results):
     for mode in parallel.MODES:
         whole = _timed(lambda: _step(q, k, v, dout, causal, mode, kernels), args.reps, world)
         parallel._Ring.shift = lambda self, tensors: (lambda: list(tensors))  # noqa: E731
-        gather, scatter = parallel._gathered, parallel._scattered
-        parallel._gathered = lambda x, group, causal: torch.cat([x] * world, dim=1)
-        parallel._scattered = lambda x, group, causal: x[:, :q.shape[1]].contiguous()
+        gather, scatter = parallel._Dense.gather, parallel._Dense.scatter
+        parallel._Dense.gather = lambda self, x, group: torch.cat([x] * world, dim=1)
+        parallel._Dense.scatter = lambda self, x, group: x[:, :q.shape[1]].contiguous()
         compute = _timed(lambda: _step(q, k, v, dout, causal, mode, kernels), args.reps, world)
-        parallel._Ring.shift, parallel._gathered, parallel._scattered = shift, gather, scatter
+        parallel._Ring.shift, parallel._Dense.gather, parallel._Dense.scatter = shift, gather, scatter
         transfers = _timed(lambda: _step(q, k, v, dout, causal, mode, _NoKernels()), args.reps, world)
         exposed = max(whole - compute, 0.0)
         rows[mode] = {"ms": whole * 1e3, "tflops": work / whole / 1e12, "compute_ms": compute * 1e3,

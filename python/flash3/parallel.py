@@ -262,39 +262,86 @@ class _Dense:
     def add_keys(self, acc, part, grad):
         acc[:, self.slices[part]] += grad
 
+    # All-gather: the gathered sequence in positions' order, [batch, 2W chunks, ...].
+
+    def new_lse(self, q):
+        return q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.promote_types(q.dtype, torch.float32))
+
+    def gather(self, x, group):
+        world, _ = _group_size_rank(group)
+        chunks = torch.cat(_all_gather(x.contiguous(), group), dim=1).chunk(2 * world, dim=1)
+        natural = [None] * (2 * world)
+        for i, position in enumerate(_zigzag_order(world)):
+            natural[position] = chunks[i]
+        return torch.cat(natural, dim=1)
+
+    def scatter(self, x, group):
+        """Each rank's sum of x (the gathered sequence's gradient on every
+        rank), back in its zig-zag shard."""
+        world, _ = _group_size_rank(group)
+        chunks, order = x.chunk(2 * world, dim=1), _zigzag_order(world)
+        parts = [torch.cat([chunks[order[2 * r]], chunks[order[2 * r + 1]]], dim=1).contiguous()
+                 for r in range(world)]
+        return _reduce_scatter(parts, group)
+
+    def local_calls(self, rank, world, causal):
+        """(query rows, gathered key rows, causal) of each of this rank's calls."""
+        if not causal:
+            return [("all", slice(None), False)]
+        chunk = self.slices["first"].stop
+        return [("first", slice(0, (rank + 1) * chunk), True), ("second", slice(0, (2 * world - rank) * chunk), True)]
+
+    def forward_gathered(self, q, k_all, v_all, rows, keys, causal):
+        return self.kernels.forward(q, k_all[:, keys], v_all[:, keys], causal, self.scale)
+
+    def backward_gathered(self, dout, q, k_all, v_all, out, lse, rows, keys, causal):
+        return self.kernels.backward(dout, q, k_all[:, keys], v_all[:, keys], out, lse, causal, self.scale)
+
+    @staticmethod
+    def add_gathered_keys(acc, keys, grad):
+        acc[:, keys] += grad
+
 
 class _Packed:
     """Shards [tokens, heads, d] of packed documents, each document sharded
     zig-zag on its own (its local tokens its chunk r, then its chunk
     2W - 1 - r), cu_seqlens the local documents' bounds; LSE [heads, tokens].
-    The first chunks are reached through seqused_k (no copy), the second
-    chunks' query rows through a gather."""
+    A document's first keys are reached through seqused_k (no copy), a chunk's
+    query rows through a gather whose index is built on the device (its size,
+    half the shard's tokens, is known on the host: no synchronisation)."""
 
-    def __init__(self, q, cu_seqlens, max_seqlen, kernels, scale):
+    def __init__(self, q, cu_seqlens, max_seqlen, kernels, scale, world):
+        tokens, device = q.shape[0], q.device
         half = (cu_seqlens[1:] - cu_seqlens[:-1]) // 2
-        self.cu, self.max, self.half = cu_seqlens, max_seqlen, half.to(torch.int32)
+        self.cu, self.max, self.half, self.world = cu_seqlens, max_seqlen, half.to(torch.int32), world
         self.cu_half = torch.cat([half.new_zeros(1), half.cumsum(0)]).to(torch.int32)
-        rows = q.shape[0] // 2
-        # Row i of the second chunks: its document's second chunk start plus
-        # its place in it (sizes known on the host: no synchronisation).
-        starts = torch.repeat_interleave(cu_seqlens[:-1] + half, half, output_size=rows)
-        firsts = torch.repeat_interleave(self.cu_half[:-1], half, output_size=rows)
-        self.second = starts + torch.arange(rows, device=q.device) - firsts
+        # Each shard token's document, place in it and chunk (first or second).
+        document = torch.repeat_interleave(torch.arange(half.shape[0], device=device), 2 * half, output_size=tokens)
+        place = torch.arange(tokens, device=device) - cu_seqlens[:-1].long()[document]
+        chunk_size = half.long()[document]
+        second = place >= chunk_size
+        self.index = {"first": torch.nonzero(~second).flatten(), "second": torch.nonzero(second).flatten()}
+        # All-gather: shard token t of rank r goes to this position of the
+        # gathered documents (each whole, in turn: the shards' bounds times W).
+        within = place - second.long() * chunk_size
+        starts = world * cu_seqlens[:-1].long()[document]
+        self.gathered = torch.cat([starts + torch.where(second, 2 * world - 1 - r, r) * chunk_size + within
+                                   for r in range(world)])
         self.kernels, self.scale = kernels, scale
 
     def rows(self, t, part):
-        return t if part == "all" else t.index_select(0, self.second)
+        return t if part == "all" else t.index_select(0, self.index[part])
 
     def lse_rows(self, lse, part):
-        return lse if part == "all" else lse.index_select(1, self.second)
+        return lse if part == "all" else lse.index_select(1, self.index[part])
 
     def set_rows(self, t, lse, part, value, value_lse):
         if part == "all":
             t.copy_(value)
             lse.copy_(value_lse)
         else:
-            t.index_copy_(0, self.second, value.to(t.dtype))
-            lse.index_copy_(1, self.second, value_lse.to(lse.dtype))
+            t.index_copy_(0, self.index[part], value.to(t.dtype))
+            lse.index_copy_(1, self.index[part], value_lse.to(lse.dtype))
 
     @staticmethod
     def lse_to_rows(lse):
@@ -315,10 +362,46 @@ class _Packed:
         if part == "all":
             acc += grad
         else:
-            acc.index_add_(0, self.second, grad.to(acc.dtype))
+            acc.index_add_(0, self.index[part], grad.to(acc.dtype))
 
     @staticmethod
     def add_keys(acc, part, grad):
+        acc += grad
+
+    # All-gather: the gathered documents, each whole, [W x tokens, ...].
+
+    def new_lse(self, q):
+        return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.promote_types(q.dtype, torch.float32))
+
+    def gather(self, x, group):
+        parts = torch.cat(_all_gather(x.contiguous(), group))
+        return torch.empty_like(parts).index_copy_(0, self.gathered, parts)
+
+    def scatter(self, x, group):
+        return _reduce_scatter(list(x.index_select(0, self.gathered).chunk(self.world)), group)
+
+    def local_calls(self, rank, world, causal):
+        """(query rows, gathered keys: each document's first `keys` chunks,
+        None all, causal) of each of this rank's calls."""
+        if not causal:
+            return [("all", None, False)]
+        return [("first", rank + 1, True), ("second", 2 * world - rank, True)]
+
+    def _gathered_bounds(self, rows, keys):
+        cu_q, max_q = (self.cu, self.max) if rows == "all" else (self.cu_half, self.max // 2)
+        used = None if keys is None else (keys * self.half).to(torch.int32)
+        return cu_q, self.world * self.cu, max_q, self.world * self.max, used
+
+    def forward_gathered(self, q, k_all, v_all, rows, keys, causal):
+        bounds = self._gathered_bounds(rows, keys)
+        return self.kernels.forward_varlen(q, k_all, v_all, *bounds, causal, self.scale)
+
+    def backward_gathered(self, dout, q, k_all, v_all, out, lse, rows, keys, causal):
+        return self.kernels.backward_varlen(dout, q, k_all, v_all, out, lse, *self._gathered_bounds(rows, keys),
+                                            causal, self.scale)
+
+    @staticmethod
+    def add_gathered_keys(acc, keys, grad):
         acc += grad
 
 
@@ -371,80 +454,44 @@ def _ring_backward(dout, q, k, v, out, lse, group, causal, layout):
 
 
 # ---- all-gather --------------------------------------------------------------------
+#
+# K and V gathered once into positions' order; each of this rank's local
+# chunks attends to the keys up to its chunk's end (under a causal mask
+# aligned bottom-right, query i of chunk j sees keys up to j * chunk + i), or
+# every query to every key; dK and dV of the gathered sequence are
+# reduce-scattered back to the shards. The layouts' gather, scatter and calls.
 
 
-def _gathered(x, group, causal):
-    """Every rank's shard of x along the sequence: in natural order when causal
-    (the mask reads positions), else in rank order (attention over all keys
-    does not depend on their order)."""
-    world, _ = _group_size_rank(group)
-    parts = torch.cat(_all_gather(x.contiguous(), group), dim=1)
-    if not causal:
-        return parts
-    chunks = parts.chunk(2 * world, dim=1)
-    natural = [None] * (2 * world)
-    for i, position in enumerate(_zigzag_order(world)):
-        natural[position] = chunks[i]
-    return torch.cat(natural, dim=1)
-
-
-def _local_chunks(rank, world, chunk, causal):
-    """(query rows, key rows in the gathered sequence, causal) of each of this
-    rank's attention calls: one over every key, or under a causal mask one a
-    local chunk, over the keys up to its chunk's end (the mask aligned
-    bottom-right: query i of chunk j sees keys up to j * chunk + i)."""
-    if not causal:
-        return [(slice(None), slice(None), False)]
-    return [(slice(0, chunk), slice(0, (rank + 1) * chunk), True),
-            (slice(chunk, None), slice(0, (2 * world - rank) * chunk), True)]
-
-
-def _allgather_forward(q, k, v, group, causal, scale, kernels):
+def _allgather_forward(q, k, v, group, causal, layout):
     world, rank = _group_size_rank(group)
-    k_all, v_all = _gathered(k, group, causal), _gathered(v, group, causal)
-    out = torch.empty_like(q)
-    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.promote_types(q.dtype, torch.float32))
-    for rows, keys, block_causal in _local_chunks(rank, world, q.shape[1] // 2, causal):
-        out[:, rows], lse[:, :, rows] = kernels.forward(q[:, rows], k_all[:, keys], v_all[:, keys], block_causal,
-                                                        scale)
+    k_all, v_all = layout.gather(k, group), layout.gather(v, group)
+    out, lse = torch.empty_like(q), layout.new_lse(q)
+    for rows, keys, block_causal in layout.local_calls(rank, world, causal):
+        layout.set_rows(out, lse, rows, *layout.forward_gathered(layout.rows(q, rows), k_all, v_all, rows, keys,
+                                                                 block_causal))
     return out, lse
 
 
-def _scattered(x, group, causal):
-    """Each rank's sum of x (the gathered sequence's gradient on every rank),
-    back in its zig-zag shard."""
-    world, _ = _group_size_rank(group)
-    chunks = x.chunk(2 * world, dim=1)
-    if causal:
-        order = _zigzag_order(world)
-        parts = [torch.cat([chunks[order[2 * r]], chunks[order[2 * r + 1]]], dim=1).contiguous()
-                 for r in range(world)]
-    else:
-        parts = [torch.cat(chunks[2 * r:2 * r + 2], dim=1).contiguous() for r in range(world)]
-    return _reduce_scatter(parts, group)
-
-
-def _allgather_backward(dout, q, k, v, out, lse, group, causal, scale, kernels):
+def _allgather_backward(dout, q, k, v, out, lse, group, causal, layout):
     world, rank = _group_size_rank(group)
-    k_all, v_all = _gathered(k, group, causal), _gathered(v, group, causal)
-    dq = torch.empty_like(q)
+    k_all, v_all = layout.gather(k, group), layout.gather(v, group)
+    dq = _wide(torch.zeros_like(q))
     dk_all, dv_all = _wide(torch.zeros_like(k_all)), _wide(torch.zeros_like(v_all))
-    for rows, keys, block_causal in _local_chunks(rank, world, q.shape[1] // 2, causal):
-        dq[:, rows], block_dk, block_dv = kernels.backward(dout[:, rows], q[:, rows], k_all[:, keys],
-                                                           v_all[:, keys], out[:, rows], lse[:, :, rows],
-                                                           block_causal, scale)
-        dk_all[:, keys] += block_dk
-        dv_all[:, keys] += block_dv
-    return dq, _scattered(dk_all, group, causal).to(k.dtype), _scattered(dv_all, group, causal).to(v.dtype)
+    for rows, keys, block_causal in layout.local_calls(rank, world, causal):
+        block_dq, block_dk, block_dv = layout.backward_gathered(
+            layout.rows(dout, rows), layout.rows(q, rows), k_all, v_all, layout.rows(out, rows),
+            layout.lse_rows(lse, rows), rows, keys, block_causal)
+        layout.add_rows(dq, rows, block_dq)
+        layout.add_gathered_keys(dk_all, keys, block_dk)
+        layout.add_gathered_keys(dv_all, keys, block_dv)
+    return (dq.to(q.dtype), layout.scatter(dk_all, group).to(k.dtype), layout.scatter(dv_all, group).to(v.dtype))
 
 
 class _ContextParallelAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal, scale, mode, kernels):
-        if mode == "ring":
-            out, lse = _ring_forward(q, k, v, group, causal, _Dense(q, kernels, scale))
-        else:
-            out, lse = _allgather_forward(q, k, v, group, causal, scale, kernels)
+        passes = _ring_forward if mode == "ring" else _allgather_forward
+        out, lse = passes(q, k, v, group, causal, _Dense(q, kernels, scale))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = group, causal, scale, mode, kernels
         return out
@@ -453,29 +500,27 @@ class _ContextParallelAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         group, causal, scale, mode, kernels = ctx.args
-        if mode == "ring":
-            grads = _ring_backward(dout.contiguous(), q, k, v, out, lse, group, causal, _Dense(q, kernels, scale))
-        else:
-            grads = _allgather_backward(dout.contiguous(), q, k, v, out, lse, group, causal, scale, kernels)
+        passes = _ring_backward if mode == "ring" else _allgather_backward
+        grads = passes(dout.contiguous(), q, k, v, out, lse, group, causal, _Dense(q, kernels, scale))
         return (*grads, None, None, None, None, None)
 
 
 class _ContextParallelVarlen(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, group, causal, scale, kernels):
-        layout = _Packed(q, cu_seqlens, max_seqlen, kernels, scale)
-        out, lse = _ring_forward(q, k, v, group, causal, layout)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
-        ctx.args = max_seqlen, group, causal, scale, kernels
+    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, group, causal, scale, mode, kernels):
+        layout = _Packed(q, cu_seqlens, max_seqlen, kernels, scale, dist.get_world_size(group))
+        out, lse = (_ring_forward if mode == "ring" else _allgather_forward)(q, k, v, group, causal, layout)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args, ctx.layout = (group, causal, mode), layout
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
-        max_seqlen, group, causal, scale, kernels = ctx.args
-        layout = _Packed(q, cu_seqlens, max_seqlen, kernels, scale)
-        grads = _ring_backward(dout.contiguous(), q, k, v, out, lse, group, causal, layout)
-        return (*grads, None, None, None, None, None, None)
+        q, k, v, out, lse = ctx.saved_tensors
+        group, causal, mode = ctx.args
+        passes = _ring_backward if mode == "ring" else _allgather_backward
+        grads = passes(dout.contiguous(), q, k, v, out, lse, group, causal, ctx.layout)
+        return (*grads, None, None, None, None, None, None, None)
 
 
 # ---- the entry point -------------------------------------------------------------
@@ -517,15 +562,17 @@ def attention(q, k, v, group=None, causal=False, softmax_scale=None, mode="ring"
     return _ContextParallelAttention.apply(q, k, v, group, causal, scale, mode, Flash3Kernels(deterministic))
 
 
-def attention_varlen(q, k, v, cu_seqlens, max_seqlen, group=None, causal=False, softmax_scale=None,
+def attention_varlen(q, k, v, cu_seqlens, max_seqlen, group=None, causal=False, softmax_scale=None, mode="ring",
                      deterministic=False, check=True):
-    """attention() over packed documents (ring mode), each document sharded
+    """attention() over packed documents, each document sharded
     zig-zag on its own (zigzag_shard_varlen): q, k, v [tokens, heads,
     head_dim] this rank's packed shards, cu_seqlens (int32 [documents + 1],
     on the GPU) and max_seqlen this rank's (each local document is its chunk
     r, then its chunk 2W - 1 - r, of equal lengths). Every rank's documents
     have the same local lengths; a document's keys are only its own. The
     contents of cu_seqlens are trusted, as flash_attn_varlen_func's."""
+    if mode not in MODES:
+        raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
     _check_group(group)
     interface._check_qkv(q, k, v, interface._OUT_DTYPES, dims=3)
     if k.shape[0] != q.shape[0] or q.shape[0] % 2 != 0:
@@ -537,8 +584,8 @@ def attention_varlen(q, k, v, cu_seqlens, max_seqlen, group=None, causal=False, 
                          f"got {max_seqlen!r}")
     scale = _checked_options(q, causal, deterministic, softmax_scale)
     if check:
-        _check_agreement(q, k, v, group, causal, scale, "ring", cu_seqlens.shape[0])
-    return _ContextParallelVarlen.apply(q, k, v, cu_seqlens, max_seqlen, group, causal, scale,
+        _check_agreement(q, k, v, group, causal, scale, mode, cu_seqlens.shape[0])
+    return _ContextParallelVarlen.apply(q, k, v, cu_seqlens, max_seqlen, group, causal, scale, mode,
                                         Flash3Kernels(deterministic))
 
 

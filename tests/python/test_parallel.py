@@ -107,8 +107,8 @@ def _worker(rank, world, init_file, results):
         ref_out.backward(dout)
         want = [ref_out.detach(), *(t.grad for t in full)]
         errors[(mode, causal, hq, hkv)] = max((g - w).abs().max().item() for g, w in zip(got, want))
-    # Packed documents, each sharded zig-zag on its own (ring).
-    for causal in (False, True):
+    # Packed documents, each sharded zig-zag on its own.
+    for mode, causal in ((m, c) for m in parallel.MODES for c in (False, True)):
         lengths = [4 * world, 2 * world, 6 * world, 2 * world]
         cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
         total, hq, hkv, d = sum(lengths), 4, 2, 8
@@ -120,7 +120,7 @@ def _worker(rank, world, init_file, results):
         for t in (q, k, v):
             shard, cu_local, longest = parallel.zigzag_shard_varlen(t, cu)
             shards.append(shard.clone().requires_grad_(True))
-        out = parallel._ContextParallelVarlen.apply(*shards, cu_local, longest, None, causal, scale,
+        out = parallel._ContextParallelVarlen.apply(*shards, cu_local, longest, None, causal, scale, mode,
                                                     ReferenceKernels())
         out.backward(parallel.zigzag_shard_varlen(dout, cu)[0])
         got = [parallel.zigzag_unshard_varlen(t, cu) for t in (out.detach(), *(s.grad for s in shards))]
@@ -129,7 +129,7 @@ def _worker(rank, world, init_file, results):
                                                  causal, scale)[0][0] for a, b in zip(cu[:-1], cu[1:])])
         ref_out.backward(dout)
         want = [ref_out.detach(), *(t.grad for t in full)]
-        errors[("varlen", causal, hq, hkv)] = max((g - w).abs().max().item() for g, w in zip(got, want))
+        errors[("varlen " + mode, causal, hq, hkv)] = max((g - w).abs().max().item() for g, w in zip(got, want))
     if rank == 0:
         results.put(errors)
     dist.destroy_process_group()
@@ -143,7 +143,8 @@ def test_context_parallel_equals_whole_sequence(world):
         mp.start_processes(_worker, args=(world, os.path.join(tmp, "init"), results), nprocs=world, join=True,
                            start_method="spawn")
     errors = results.get(timeout=60)
-    assert set(errors) == {(m, c, hq, hkv) for m, c, (hq, hkv) in CASES} | {("varlen", c, 4, 2) for c in (0, 1)}
+    assert set(errors) == ({(m, c, hq, hkv) for m, c, (hq, hkv) in CASES}
+                           | {("varlen " + m, c, 4, 2) for m in parallel.MODES for c in (False, True)})
     bad = {case: e for case, e in errors.items() if not e < 1e-10}
     assert not bad, bad
 

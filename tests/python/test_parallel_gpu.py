@@ -46,7 +46,7 @@ def _worker(rank, world, init_file, results):
             want = [want_out.detach(), *(t.grad for t in full)]
             errors[(mode, causal)] = max(_relative_error(g, w) for g, w in zip(got, want))
     # Packed documents, each sharded zig-zag on its own.
-    for causal in (False, True):
+    for mode, causal in ((m, c) for m in parallel.MODES for c in (False, True)):
         gen = torch.Generator(device="cuda").manual_seed(8)
         lengths = [2 * world * n for n in (300, 64, 900, 5)]
         cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
@@ -58,14 +58,14 @@ def _worker(rank, world, init_file, results):
         for t in (q, k, v):
             shard, cu_local, longest = parallel.zigzag_shard_varlen(t, cu)
             shards.append(shard.clone().requires_grad_(True))
-        out = parallel.attention_varlen(*shards, cu_local, longest, causal=causal)
+        out = parallel.attention_varlen(*shards, cu_local, longest, causal=causal, mode=mode)
         out.backward(parallel.zigzag_shard_varlen(dout, cu)[0])
         got = [parallel.zigzag_unshard_varlen(t, cu) for t in (out.detach(), *(s.grad for s in shards))]
         full = [t.clone().requires_grad_(True) for t in (q, k, v)]
         want_out = flash3.flash_attn_varlen_func(*full, cu, cu, max(lengths), max(lengths), causal=causal)
         want_out.backward(dout)
         want = [want_out.detach(), *(t.grad for t in full)]
-        errors[("varlen", causal)] = max(_relative_error(g, w) for g, w in zip(got, want))
+        errors[("varlen " + mode, causal)] = max(_relative_error(g, w) for g, w in zip(got, want))
     # Ranks that disagree: rank 1 shards one chunk more.
     x = torch.zeros(1, 4 + 2 * rank, 2, 64, device="cuda", dtype=BF16)
     try:
