@@ -20,8 +20,10 @@ the same work. Two modes:
              where they are small), each local chunk attends to the keys up
              to its end, and dK, dV are reduce-scattered back to their owners.
 
-flash3's forward and backward kernels run each block; a block's backward
-takes the merged O and LSE, so that its P is the final softmax's.
+Packed documents (attention_varlen, zigzag_shard_varlen) shard each document
+on its own and take either mode. flash3's forward and backward kernels run
+each block; a block's backward takes the merged O and LSE, so that its P is
+the final softmax's. docs/design.md says more.
 """
 import torch
 import torch.distributed as dist
@@ -58,14 +60,19 @@ def _zigzag_order(world):
     return [c for r in range(world) for c in (r, 2 * world - 1 - r)]
 
 
-def zigzag_unshard(x, group=None, dim=1):
-    """The full-sequence tensor from every rank's zig-zag shard (an all-gather)."""
+def _in_positions(x, group, dim):
+    """Every rank's zig-zag shard of x gathered, in the sequence's order."""
     world, _ = _group_size_rank(group)
     gathered = torch.cat(_all_gather(x.contiguous(), group), dim=dim).chunk(2 * world, dim=dim)
     natural = [None] * (2 * world)
     for i, position in enumerate(_zigzag_order(world)):
         natural[position] = gathered[i]
     return torch.cat(natural, dim=dim)
+
+
+def zigzag_unshard(x, group=None, dim=1):
+    """The full-sequence tensor from every rank's zig-zag shard (an all-gather)."""
+    return _in_positions(x, group, dim)
 
 
 def _document_bounds(cu_seqlens):
@@ -267,13 +274,9 @@ class _Dense:
     def new_lse(self, q):
         return q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.promote_types(q.dtype, torch.float32))
 
-    def gather(self, x, group):
-        world, _ = _group_size_rank(group)
-        chunks = torch.cat(_all_gather(x.contiguous(), group), dim=1).chunk(2 * world, dim=1)
-        natural = [None] * (2 * world)
-        for i, position in enumerate(_zigzag_order(world)):
-            natural[position] = chunks[i]
-        return torch.cat(natural, dim=1)
+    @staticmethod
+    def gather(x, group):
+        return _in_positions(x, group, 1)
 
     def scatter(self, x, group):
         """Each rank's sum of x (the gathered sequence's gradient on every
