@@ -8,7 +8,7 @@
 # `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
 #   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize sanitize_varlen bench bwd
 #                                       pair fp8 ablation compare sustained match ab features varlen decode
-#                                       parallel
+#                                       prefill parallel
 #                                       (default: test python sanitize bench bwd fp8 ablation compare)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter); BUILD_DTYPES and
 # BUILD_HEAD_DIMS narrow the stage build (CMake's FLASH3_DTYPES,
@@ -322,6 +322,14 @@ if has decode; then
     >"$OUT/decode.txt" 2>"$OUT/decode.err"
   summary+=("decode rc=$?")
   grep -E '^\|' "$OUT/decode.txt"
+fi
+# Chunked prefill (issue 35): a chunk of queries against a KV cache, causal,
+# beside flash_attn_func on the same work.
+if has prefill; then
+  timeout 300 "${py[@]}" -m flash3.benchmark --prefill --gap-ms 50 --json "$OUT/prefill.json" \
+    >"$OUT/prefill.txt" 2>"$OUT/prefill.err"
+  summary+=("prefill rc=$?")
+  grep -E '^\|' "$OUT/prefill.txt"
 fi
 has sustained && peers peers_sustained --sustained
 # Context parallelism over the machine's GPUs (issue 37; kinds of 2 or 4

@@ -8,6 +8,8 @@
   python -m flash3.benchmark --hdim 192,192/128    V's head dim of its own (DeepSeek-V3's) beside the symmetric 192
   python -m flash3.benchmark --decode              decoding from a KV cache (GQA 32/8, head dim 128): GB/s of K and V,
                                                    contiguous, paged and with an append and rotary, beside SDPA's
+  python -m flash3.benchmark --prefill             chunked prefill (a chunk of queries against a KV cache, causal):
+                                                   TFLOP/s beside flash_attn_func on the same work
   python -m flash3.benchmark --from-json a.json    the table, CSV and plot again from saved runs (no GPU)
 
 Methods: flash3, SDPA's FlashAttention-2 and cuDNN backends, and
@@ -33,7 +35,7 @@ import datetime
 import json
 import sys
 
-from ._bench import decode, decode_table, overhead, sweep, varlen
+from ._bench import decode, decode_table, overhead, prefill, prefill_table, sweep, varlen
 from ._bench.device_info import Telemetry
 from ._bench.methods import CHECK_HEADS, check, failure_reason, load_methods, make_inputs, recording_warnings, workload
 from ._bench.plot import write_plot
@@ -89,6 +91,12 @@ def parse_args(argv):
                    help="--decode: cache lengths (default %(default)s; shapes over 4M tokens are left out)")
     p.add_argument("--page-size", type=int_list, default=list(decode_table.PAGE_SIZES),
                    help="--decode: page sizes of the paged runs (default %(default)s)")
+    p.add_argument("--prefill", action="store_true",
+                   help="the chunked prefill sweep instead: a chunk of queries against a KV cache, causal")
+    p.add_argument("--prefill-chunk", type=int_list, default=list(prefill_table.CHUNKS),
+                   help="--prefill: chunk lengths (default %(default)s)")
+    p.add_argument("--prefill-cache", type=int_list, default=list(prefill_table.CACHES),
+                   help="--prefill: cache lengths, the chunk's keys included (default %(default)s)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--csv", help="write the results here, one line per shape and method")
     p.add_argument("--plot", help="write a PNG here (paper Figure 5's layout; needs matplotlib)")
@@ -258,6 +266,25 @@ def run_decode(torch, args):
     return 1 if any(name.startswith("flash3") for r in rows for name in r["not_run"]) else 0
 
 
+def run_prefill(torch, args):
+    telemetry = Telemetry(torch)
+    timer = Timer(torch, regime_of(args), args.reps, telemetry)
+    device = describe_device(torch, telemetry)
+    print(f"device: {device['name']}; regime: {sweep.regime_label(regime_of(args))}; timer: {timer.description()}")
+    print(f"chunked prefill: batch {prefill.BATCH}, {prefill_table.HEADS_KV * prefill_table.GROUP} query heads, "
+          f"{prefill_table.HEADS_KV} KV heads, head dim {prefill_table.HDIM}, bf16, causal (bottom-right); "
+          "TFLOP/s of the visited pairs")
+    rows = prefill.run(torch, timer, args, sys.stderr)
+    print_table(prefill_table.format_table(rows), [f"n/a: {n} ({r['chunk']} x {r['cache']}): {why}"
+                                                   for r in rows for n, why in r["not_run"].items()])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tool": "python -m flash3.benchmark --prefill", "argv": sys.argv[1:], "device": device,
+                       "software": software(torch), "regime": regime_of(args), "timer": timer.description(),
+                       "rows": rows}, f, indent=1)
+    return 1 if any(r["not_run"] for r in rows) else 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.from_json:
@@ -281,6 +308,8 @@ def main(argv=None):
         return run_overhead(torch, args)
     if args.decode:
         return run_decode(torch, args)
+    if args.prefill:
+        return run_prefill(torch, args)
     return run_varlen(torch, args) if args.varlen else run_sweep(torch, args)
 
 

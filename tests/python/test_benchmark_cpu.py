@@ -43,6 +43,7 @@ sweep = load("sweep")
 plot = load("plot")
 overhead = load_in_package("overhead")
 decode_table = load("decode_table")
+prefill_table = load("prefill_table")
 
 GAP = {"name": "gap", "gap_ms": 100.0, "scope": "sample"}
 SUSTAINED = {"name": "sustained", "load_s": 2.0}
@@ -450,9 +451,40 @@ def test_decode_table_and_notes():
                                                "n/a: SDPA cuDNN (8x4096): no kernel"]
 
 
+# ---- the chunked prefill sweep -----------------------------------------------------------
+
+def test_prefill_shapes_keep_chunks_within_their_cache():
+    shapes = prefill_table.prefill_shapes()
+    assert (2048, 32768) in shapes and (512, 8192) in shapes
+    assert prefill_table.prefill_shapes([512, 4096], [2048]) == [(512, 2048)]
+
+
+def test_prefill_flops_count_the_bottom_right_causal_pairs():
+    # A chunk of 3 queries at the end of 5 keys sees 3, 4 and 5 keys.
+    assert prefill_table.visited_pairs(3, 5) == 12
+    # The chunk the whole cache: the causal triangle with its diagonal.
+    assert prefill_table.visited_pairs(4, 4) == 10
+    assert prefill_table.flops(1, 3, 5, heads_q=2, hdim=8) == 4 * 2 * 8 * 12
+
+
+def test_prefill_targets_and_table():
+    rows = [{"chunk": 512, "cache": 8192, "tflops": {"flash3": 450.0, "flash3 paged 256": 400.0, "plain": 480.0},
+             "not_run": {}},
+            {"chunk": 2048, "cache": 32768, "tflops": {"flash3": 600.0}, "not_run": {"plain": "out of memory"}}]
+    assert prefill_table.targets(rows[0]) == {"flash3 KV cache >= 0.9 x plain": True,
+                                              "flash3 paged 256 >= 0.9 x plain": False}
+    assert prefill_table.targets(rows[1]) == {}
+    table = prefill_table.format_table(rows).splitlines()
+    assert table[0] == ("| chunk | cache | flash3 KV cache | flash3 paged 256 | flash_attn_func | "
+                        "flash3 KV cache / plain | flash3 paged 256 / plain | missed |")
+    assert table[2] == "| 512 | 8192 | 450.0 | 400.0 | 480.0 | 0.938 | 0.833 | flash3 paged 256 >= 0.9 x plain |"
+    assert table[3] == "| 2048 | 32768 | 600.0 | n/a | n/a | n/a | n/a | none |"
+
+
 def test_cli_names_the_decode_sweep_and_its_options():
     done = run_cli("--help")
     assert done.returncode == 0, done.stderr
-    for option in ("--decode ", "--decode-batch", "--decode-cache", "--page-size"):
+    for option in ("--decode ", "--decode-batch", "--decode-cache", "--page-size", "--prefill ", "--prefill-chunk",
+                   "--prefill-cache"):
         assert option in done.stdout
 
