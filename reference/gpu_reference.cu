@@ -358,7 +358,8 @@ cudaError_t run(const AttentionShape& shape, flash3::DType dtype, flash3::ConstT
     if (blocks.q == 0 || !fp8->q || (shape.seqlen_k > 0 && (!fp8->k || !fp8->v))) return cudaErrorInvalidValue;
     p.q_block = blocks.q;
     p.kv_block = blocks.kv;
-    p.q_scale = flash3::make_scale_view(fp8->q, fp8->granularity, shape.heads_q, shape.seqlen_q, blocks.q);
+    p.q_scale = flash3::make_scale_view(fp8->q, fp8->granularity, shape.heads_q, shape.seqlen_q, blocks.q,
+                                        fp8->q_per_kv_head ? shape.heads_q / shape.heads_kv : 1);
     p.k_scale = flash3::make_scale_view(fp8->k, fp8->granularity, shape.heads_kv, shape.seqlen_k, blocks.kv);
     p.v_scale = flash3::make_scale_view(fp8->v, fp8->granularity, shape.heads_kv, shape.seqlen_k, blocks.kv);
     p.out_bf16 = fp8->out_dtype == flash3::DType::kBF16;

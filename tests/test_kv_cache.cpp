@@ -96,6 +96,40 @@ TEST(KvCacheValidation, UnsupportedCombinations) {
   EXPECT_EQ(s.message().rfind("kv_cache", 0), 0u) << s.message();
 }
 
+// An FP8 cache: e4m3 Q, K and V, descales per (batch, head), a bf16 O.
+ForwardArgs fp8_cache_args() {
+  ForwardArgs a = valid_cache_args();
+  a.dtype = flash3::DType::kE4M3;
+  a.fp8.granularity = flash3::ScaleGranularity::kPerHead;
+  a.fp8.q = reinterpret_cast<const float*>(0x90000);
+  a.fp8.k = reinterpret_cast<const float*>(0x91000);
+  a.fp8.v = reinterpret_cast<const float*>(0x92000);
+  return a;
+}
+
+TEST(KvCacheValidation, Fp8Cache) {
+  EXPECT_TRUE(flash3::validate(fp8_cache_args()).ok());
+  ForwardArgs per_kv_head = fp8_cache_args();
+  per_kv_head.fp8.q_per_kv_head = true;
+  EXPECT_TRUE(flash3::validate(per_kv_head).ok());
+  auto expect_unsupported = [](std::function<void(ForwardArgs&)> const& edit, std::string const& name) {
+    ForwardArgs a = fp8_cache_args();
+    edit(a);
+    Status const s = flash3::validate(a);
+    EXPECT_EQ(s.code(), Status::Code::kUnsupported) << name;
+    EXPECT_EQ(s.message().rfind(name, 0), 0u) << s.message();
+  };
+  expect_unsupported([](ForwardArgs& a) { a.fp8.granularity = flash3::ScaleGranularity::kPerBlock; },
+                     "fp8.granularity");
+  expect_unsupported([](ForwardArgs& a) { a.fp8.out_dtype = flash3::DType::kFP16; }, "fp8.out_dtype");
+  expect_unsupported([](ForwardArgs& a) { a.kv_cache.append.rotary_cos = reinterpret_cast<const void*>(0x93000); },
+                     "kv_cache.append.rotary_cos");
+  flash3::testing::expect_invalid_args(fp8_cache_args(), [](ForwardArgs& a) {
+    a.fp8.granularity = flash3::ScaleGranularity::kPerTensor;
+    a.fp8.q_per_kv_head = true;
+  }, "fp8.q_per_kv_head");
+}
+
 TEST(KvCacheValidation, Workspace) {
   expect_invalid([](ForwardArgs& a) { a.kv_cache.workspace = reinterpret_cast<void*>(0xA0008); },
                  "kv_cache.workspace");
@@ -268,6 +302,14 @@ TEST(PackGqa, WhichCallsPack) {
   ForwardArgs plain = a;
   plain.kv_cache.seqlens = nullptr;
   EXPECT_FALSE(flash3::fwd::packs_gqa(plain));
+  // FP8: a tile takes one Q descale, so Q's must be per tensor or per KV head.
+  ForwardArgs fp8 = fp8_cache_args();
+  EXPECT_FALSE(flash3::fwd::packs_gqa(fp8));
+  fp8.fp8.q_per_kv_head = true;
+  EXPECT_TRUE(flash3::fwd::packs_gqa(fp8));
+  fp8.fp8.q_per_kv_head = false;
+  fp8.fp8.granularity = flash3::ScaleGranularity::kPerTensor;
+  EXPECT_TRUE(flash3::fwd::packs_gqa(fp8));
 }
 
 // The parts of the workspace: present only when the call has them, each at

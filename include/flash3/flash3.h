@@ -109,6 +109,11 @@ struct Fp8Scales {
   const float* k = nullptr;  // heads_kv, seqlen_k, block fp8_block_sizes().kv
   const float* v = nullptr;  // heads_kv, seqlen_k, block fp8_block_sizes().kv
   DType out_dtype = DType::kBF16;  // O's dtype: kBF16 or kFP16
+  // kPerHead only: Q's scales are [batch, heads_kv], one for the query heads
+  // of each GQA group (FlashAttention-3's layout), instead of [batch, heads_q].
+  // Decoding from a KV cache packs a group's heads into one tile (see
+  // KvCache) with per-tensor scales or these, not with one scale per query head.
+  bool q_per_kv_head = false;
 };
 
 // Variable-length batches (FlashAttention's varlen functions): the batch's
@@ -158,6 +163,11 @@ struct Varlen {
 // the last key block of an entry whole (the keys past seqlens[b] masked):
 // cache rows there, up to the block's end or seqlen_k, must be finite (a
 // zero-initialised cache is). bf16 and fp16, every KernelOption on.
+// An FP8 cache (dtype kE4M3: q, k and v e4m3, O in bf16): descales per tensor
+// or per (batch, head) as in Fp8Scales, indexed by the query's batch entry
+// (kPerBlock has no KV cache form: refused); decoding packs GQA with
+// per-tensor scales or Q's per KV head (Fp8Scales::q_per_kv_head). Appended
+// rows are e4m3 too, copied as they are (no rotary with FP8: refused).
 //
 // A paged cache (FlashAttention's page_table): k and v are a pool of pages,
 // [batch_cache pages, page_size, heads_kv, head_dim] (v: head_dim_v), and

@@ -41,6 +41,7 @@ class Fp8Scales(ctypes.Structure):
         ("k", ctypes.c_void_p),
         ("v", ctypes.c_void_p),
         ("out_dtype", ctypes.c_int),
+        ("q_per_kv_head", ctypes.c_bool),
     ]
 
 

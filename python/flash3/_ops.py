@@ -40,7 +40,7 @@ _pack_backward = _abi.packer(_abi.BackwardArgs).pack_into
 _pack_quantize = _abi.packer(_abi.QuantizeArgs).pack_into
 _pack_combine = _abi.packer(_abi.CombineArgs).pack_into
 _ALL_ON = (True, True, True, True)  # KernelOptions: flash3.h's defaults
-_NO_FP8 = (0, 0, 0, 0, 0)  # Fp8Scales of a bf16/fp16 call
+_NO_FP8 = (0, 0, 0, 0, 0, False)  # Fp8Scales of a bf16/fp16 call
 _NO_VARLEN = (0, 0, 0, 0, 0, 0)  # Varlen of a fixed-length batch
 _NO_TENSOR = (0, 0, 0, 0, 1)  # a TensorRef left unset (flash3.h's defaults)
 _NO_APPEND = (*_NO_TENSOR, *_NO_TENSOR, 0, 0, 0, 0, 0, False)  # KvAppend of a call that appends nothing
@@ -155,10 +155,12 @@ def _quantize_outputs(q, k, v, granularity):
 
 
 def _fp8_fields(scales, out):
-    """The Fp8Scales struct's fields of an FP8 call's (q, k, v) scales."""
+    """The Fp8Scales struct's fields of an FP8 call's (q, k, v) scales: per
+    head, Q's [batch, heads_kv] (fewer heads than O's) are per KV head."""
     q_scale, k_scale, v_scale = scales
-    return (_GRANULARITY_OF_RANK[q_scale.dim()], q_scale.data_ptr(), k_scale.data_ptr(), v_scale.data_ptr(),
-            DTYPES[out.dtype])
+    granularity = _GRANULARITY_OF_RANK[q_scale.dim()]
+    per_kv_head = granularity == _abi.PER_HEAD and q_scale.shape[1] != out.shape[-2]
+    return (granularity, q_scale.data_ptr(), k_scale.data_ptr(), v_scale.data_ptr(), DTYPES[out.dtype], per_kv_head)
 
 
 def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sinks=None, mask=_NO_MASK):
@@ -534,13 +536,14 @@ def _append_fields(append):
 
 
 def kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, counter, cache, sinks=None,
-                         mask=_NO_MASK, page_table=None, append=None, workspace=None):
+                         mask=_NO_MASK, page_table=None, append=None, workspace=None, scales=(None, None, None)):
     """ForwardArgs of a KV cache call; cache is (cache_seqlens, cache_batch_idx,
     cache_leftpad, num_splits), the index tensors int32 [batch] or None;
     page_table int32 [batch, max_pages_per_seq] (columns contiguous) makes the
     caches a pool of pages [num_pages, page_size, ...]; append as
     _append_fields takes it; workspace a uint8 tensor the call's scratch
-    lives in (None: the library allocates it on the stream)."""
+    lives in (None: the library allocates it on the stream); scales an FP8
+    cache's (q, k, v) descales, or Nones."""
     seqlens, batch_idx, leftpad, num_splits = cache
     args = _abi.ForwardArgs()
     b, sq, hq, d = q.shape
@@ -551,21 +554,22 @@ def kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, c
         capacity, paged = page_table.shape[1] * ks[1], (page_table.data_ptr(), page_table.stride(0), ks[1])
     _pack_forward(args, 0, DTYPES[q.dtype], b, sq, capacity, hq, ks[2], d, *_ref(q), *_ref(k_cache), *_ref(v_cache),
                   *_ref(out), 0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
-                  _index_ptr(sinks), *_NO_FP8, *_NO_VARLEN, *_ALL_ON, _index_ptr(counter), v_cache.shape[-1],
-                  seqlens.data_ptr(), _index_ptr(batch_idx), _index_ptr(leftpad), ks[0], num_splits, *paged,
+                  _index_ptr(sinks), *(_NO_FP8 if scales[0] is None else _fp8_fields(scales, out)), *_NO_VARLEN,
+                  *_ALL_ON, _index_ptr(counter), v_cache.shape[-1], seqlens.data_ptr(), _index_ptr(batch_idx), _index_ptr(leftpad), ks[0], num_splits, *paged,
                   *_append_fields(append), *((0, 0) if workspace is None else (workspace.data_ptr(), workspace.numel())))
     return args
 
 
 def plan_kv_cache(cache_seqlens, dtype, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v, causal,
-                  mask, num_splits, seqlen_new, sinks=False):
+                  mask, num_splits, seqlen_new, sinks=False, fp8=_NO_FP8):
     """flash3::plan_kv_cache of a KV cache call of these sizes, the other
-    tensors not needed: (num_splits, workspace bytes) on the current device."""
+    tensors not needed: (num_splits, workspace bytes) on the current device.
+    fp8: the call's Fp8Scales fields (whether its decoding packs GQA)."""
     lib = _abi.load()
     args = _abi.ForwardArgs()
     append = (*_NO_TENSOR, *_NO_TENSOR, seqlen_new, 0, 0, 0, 0, False)
     _pack_forward(args, 0, DTYPES[dtype], batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, *_NO_TENSOR,
-                  *_NO_TENSOR, *_NO_TENSOR, *_NO_TENSOR, 0, 0.0, causal, *mask, int(sinks), *_NO_FP8, *_NO_VARLEN,
+                  *_NO_TENSOR, *_NO_TENSOR, *_NO_TENSOR, 0, 0.0, causal, *mask, int(sinks), *fp8, *_NO_VARLEN,
                   *_ALL_ON, 0, head_dim_v, cache_seqlens.data_ptr(), 0, 0, 1, num_splits, 0, 0, 0, *append, 0, 0)
     splits, nbytes = ctypes.c_int64(), ctypes.c_size_t()
     buf = _abi.message_buffer()
@@ -588,8 +592,9 @@ def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seq
                           window_right: int = -1, softcap: float = 0.0,
                           page_table: Optional[Tensor] = None, k: Optional[Tensor] = None,
                           v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
-                          rotary_sin: Optional[Tensor] = None,
-                          rotary_interleaved: bool = False) -> Tuple[Tensor, Tensor]:
+                          rotary_sin: Optional[Tensor] = None, rotary_interleaved: bool = False,
+                          q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                          v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     lib = _abi.load()
     # An append writes the caches in place: the interface refuses a strided
     # head dim then, so that these are the caller's tensors, not copies.
@@ -599,7 +604,8 @@ def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seq
         if rotary_cos is not None:
             rotary_cos, rotary_sin = _dense_aligned(rotary_cos), _dense_aligned(rotary_sin)
         append = (_kernel_readable(k), _kernel_readable(v), rotary_cos, rotary_sin, rotary_interleaved)
-    out, lse = _forward_outputs(q, v_cache, q.dtype)
+    out, lse = _forward_outputs(q, v_cache, _kvcache_out_dtype(q))
+    scales = (q_descale, k_descale, v_descale)
     index = q.get_device()
     counter = _tile_counter(index)
     mask = (window_left, window_right, softcap)
@@ -608,14 +614,20 @@ def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seq
         capacity = k_cache.shape[1] * (1 if page_table is None else page_table.shape[1])
         _, nbytes = plan_kv_cache(cache_seqlens, q.dtype, q.shape[0], q.shape[1], capacity, q.shape[2],
                                   k_cache.shape[2], q.shape[3], v_cache.shape[3], causal, mask, num_splits,
-                                  0 if k is None else k.shape[1], sinks is not None)
+                                  0 if k is None else k.shape[1], sinks is not None,
+                                  _NO_FP8 if q_descale is None else _fp8_fields(scales, out))
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=index) if nbytes else None
     _run(lib.forward,
          kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, counter,
                               (cache_seqlens, cache_batch_idx, cache_leftpad, num_splits), sinks,
-                              mask, page_table, append, workspace),
+                              mask, page_table, append, workspace, scales),
          _raw_stream(index), "forward")
     return out, lse
+
+
+def _kvcache_out_dtype(q):
+    """O's dtype: q's, or bfloat16 for an FP8 cache (the one O its kernels write)."""
+    return torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
 
 
 kvcache_fwd = torch.library.custom_op("flash3::kvcache_fwd", _kvcache_forward_impl,
@@ -625,8 +637,9 @@ kvcache_fwd = torch.library.custom_op("flash3::kvcache_fwd", _kvcache_forward_im
 @kvcache_fwd.register_fake
 def _kvcache_forward_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale, causal,
                           num_splits, workspace, sinks=None, window_left=-1, window_right=-1, softcap=0.0, page_table=None,
-                          k=None, v=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False):
-    return _forward_outputs(q, v_cache, q.dtype)
+                          k=None, v=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False, q_descale=None,
+                          k_descale=None, v_descale=None):
+    return _forward_outputs(q, v_cache, _kvcache_out_dtype(q))
 
 
 # ---- combine (flash_attn_combine) ----------------------------------------------

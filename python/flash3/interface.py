@@ -130,10 +130,10 @@ def _scale_granularity(name, t, device, shapes):
     for granularity in (_abi.PER_HEAD, _abi.PER_BLOCK):
         if shape in shapes[granularity]:
             return granularity
-    raise ValueError(
-        f"{name}: shape {shape} is none of the descale layouts: one value (shape (1,)), per head "
-        f"{' or '.join(map(str, shapes[_abi.PER_HEAD]))}, or per block {shapes[_abi.PER_BLOCK][0]} "
-        "(flash3.quantize_fp8 writes them)")
+    per_block = f", or per block {shapes[_abi.PER_BLOCK][0]} (flash3.quantize_fp8 writes them)" \
+        if shapes[_abi.PER_BLOCK] else " (a KV cache has no per-block descales)"
+    raise ValueError(f"{name}: shape {shape} is none of the descale layouts: one value (shape (1,)), per head "
+                     f"{' or '.join(map(str, shapes[_abi.PER_HEAD]))}{per_block}")
 
 
 def _fp8_scales(device, sizes, q_descale, k_descale, v_descale):
@@ -423,7 +423,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def _check_kv_cache(q, k_cache, v_cache):
     """Devices, dtypes, shapes, head dims and GQA of q against the caches:
     q [batch, seqlen_q, heads_q, head_dim], the caches [batch_cache, max_len,
-    heads_kv, head_dim (v: its head dim)], bfloat16 or float16."""
+    heads_kv, head_dim (v: its head dim)], bfloat16, float16 or
+    float8_e4m3fn (FP8's head dims, no V head dim of its own)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _check_tensor(name, t)
     if q.device.type not in ("cuda", "meta"):
@@ -433,10 +434,35 @@ def _check_kv_cache(q, k_cache, v_cache):
             raise ValueError(f"{name}: must be on q's device {q.device}, got {t.device}")
         if t.dtype != q.dtype:
             raise ValueError(f"{name}: dtype must be q's ({q.dtype}), got {t.dtype}")
-    if q.dtype not in _OUT_DTYPES:
-        raise ValueError(f"q: dtype {q.dtype} is not supported with a KV cache: flash3 takes torch.bfloat16 or "
-                         "torch.float16")
-    _check_heads_and_dims(q, k_cache, v_cache, ("k_cache", "v_cache"), HEAD_DIMS, HEAD_DIM_PAIRS)
+    if q.dtype not in _OUT_DTYPES + (torch.float8_e4m3fn,):
+        raise ValueError(f"q: dtype {q.dtype} is not supported with a KV cache: flash3 takes torch.bfloat16, "
+                         "torch.float16 or torch.float8_e4m3fn")
+    if q.dtype == torch.float8_e4m3fn:
+        _check_heads_and_dims(q, k_cache, v_cache, ("k_cache", "v_cache"), FP8_HEAD_DIMS, ())
+    else:
+        _check_heads_and_dims(q, k_cache, v_cache, ("k_cache", "v_cache"), HEAD_DIMS, HEAD_DIM_PAIRS)
+
+
+def _kvcache_fp8_scales(q, k_cache, q_descale, k_descale, v_descale):
+    """An FP8 cache's descales in flash3's layouts: per tensor (one value) or
+    per head ((batch, heads_kv), FlashAttention-3's, for all three; Q's also
+    (batch, heads_q)), the coarser ones (and absent ones) broadcast to the
+    finest. A KV cache has no per-block form. Q's per KV head stay so, which
+    lets decoding pack each GQA group's query heads into one tile."""
+    batch, heads_q, heads_kv = q.shape[0], q.shape[2], k_cache.shape[2]
+    q_heads = [(batch, heads_kv), (batch, heads_q)] if heads_q != heads_kv else [(batch, heads_q)]
+    given = [(t, _scale_granularity(name, t, q.device, {_abi.PER_HEAD: shapes, _abi.PER_BLOCK: ()}))
+             for name, t, shapes in (("q_descale", q_descale, q_heads), ("k_descale", k_descale, [(batch, heads_kv)]),
+                                     ("v_descale", v_descale, [(batch, heads_kv)]))]
+    per_head = any(g == _abi.PER_HEAD for _, g in given)
+    scales = []
+    for t, g in given:
+        if t is None:
+            t = torch.ones(1, dtype=torch.float32, device=q.device)
+        if per_head and g != _abi.PER_HEAD:
+            t = t.reshape(1, 1).expand(batch, heads_kv)
+        scales.append(t.reshape(1) if not per_head else t.contiguous())
+    return scales
 
 
 def _checked_cache_seqlens(cache_seqlens, batch, max_len, device):
@@ -573,7 +599,8 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     only). cu_seqlens_q, cu_seqlens_k_new, attention_chunk, pack_gqa and
     sm_margin are FlashAttention-3's; any value but the default raises
     NotImplementedError. cache_leftpad, page_size and has_softcap do not
-    change the plan."""
+    change the plan. An FP8 plan (qkv_dtype torch.float8_e4m3fn) is made for
+    descales per tensor or per KV head, as FlashAttention-3's."""
     _not_supported(cu_seqlens_q=(cu_seqlens_q, None), cu_seqlens_k_new=(cu_seqlens_k_new, None),
                    attention_chunk=(attention_chunk, 0), pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
     batch = _positive_int("batch_size", batch_size, 0)
@@ -581,8 +608,8 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
         got = "a CPU tensor" if isinstance(cache_seqlens, torch.Tensor) else type(cache_seqlens).__name__
         raise ValueError(f"cache_seqlens: must be a CUDA tensor (int32 [batch_size]), got {got}")
     cache_seqlens = _checked_index_tensor("cache_seqlens", cache_seqlens, batch, cache_seqlens.device)
-    if qkv_dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"qkv_dtype: must be torch.bfloat16 or torch.float16, got {qkv_dtype}")
+    if qkv_dtype not in (torch.bfloat16, torch.float16, torch.float8_e4m3fn):
+        raise ValueError(f"qkv_dtype: must be torch.bfloat16, torch.float16 or torch.float8_e4m3fn, got {qkv_dtype}")
     headdim_v = headdim if headdim_v is None else headdim_v
     sizes = [_positive_int(name, n, least) for name, n, least in (
         ("max_seqlen_q", max_seqlen_q, 1), ("max_seqlen_k", max_seqlen_k, 1), ("num_heads_q", num_heads_q, 1),
@@ -678,16 +705,34 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     log-sum-exp of each row (+inf for a row that sees no key, without sinks).
     Not differentiable (inference).
 
-    rotary_seqlens, qv, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, the FP8
-    descales, attention_chunk, pack_gqa and sm_margin are FlashAttention-3's;
-    any value but the default raises NotImplementedError.
+    FP8 cache: q, k_cache, v_cache (and k, v) torch.float8_e4m3fn, FP8's head
+    dims; q_descale, k_descale, v_descale float32, one value (per tensor) or
+    (batch, heads_kv) per batch entry and KV head as FlashAttention-3's (Q's
+    also (batch, heads_q)), indexed by q's batch entry; absent ones are 1.
+    out is torch.bfloat16. No rotary and no softcap with FP8 (ValueError).
+    Decoding packs each GQA group's query heads into one tile unless Q's
+    descales are per query head.
+
+    rotary_seqlens, qv, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q,
+    attention_chunk, pack_gqa and sm_margin are FlashAttention-3's; any value
+    but the default raises NotImplementedError.
     """
     _not_supported(qv=(qv, None), rotary_seqlens=(rotary_seqlens, None),
                    cu_seqlens_q=(cu_seqlens_q, None),
                    cu_seqlens_k_new=(cu_seqlens_k_new, None), max_seqlen_q=(max_seqlen_q, None),
-                   q_descale=(q_descale, None), k_descale=(k_descale, None), v_descale=(v_descale, None),
                    attention_chunk=(attention_chunk, 0), pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
     _check_kv_cache(q, k_cache, v_cache)
+    fp8 = q.dtype == torch.float8_e4m3fn
+    if fp8:
+        scales = _kvcache_fp8_scales(q, k_cache, q_descale, k_descale, v_descale)
+        if rotary_cos is not None or rotary_sin is not None:
+            raise ValueError("rotary_cos: an FP8 (float8_e4m3fn) cache takes appended rows as they are, "
+                             "without rotary embedding")
+        if softcap:
+            raise ValueError("softcap: the FP8 (float8_e4m3fn) forward has none")
+    else:
+        _check_no_descales(q, q_descale, k_descale, v_descale)
+        scales = (None, None, None)
     batch, max_len = q.shape[0], k_cache.shape[1]
     if page_table is not None:
         page_table = _checked_page_table(page_table, batch, k_cache, q.device)
@@ -719,7 +764,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     cos, sin, interleaved = rotary or (None, None, False)
     out, lse = _ops.kvcache_fwd(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale,
                                 bool(causal), num_splits, workspace, sinks, *mask, page_table, k, v, cos, sin,
-                                interleaved)
+                                interleaved, *scales)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -102,7 +102,7 @@ constexpr Field kTensorRef[] = {FLASH3_FIELD(ConstTensor, data), FLASH3_FIELD(Co
 
 constexpr Field kFp8Scales[] = {FLASH3_FIELD(Fp8Scales, granularity), FLASH3_FIELD(Fp8Scales, q),
                                 FLASH3_FIELD(Fp8Scales, k), FLASH3_FIELD(Fp8Scales, v),
-                                FLASH3_FIELD(Fp8Scales, out_dtype)};
+                                FLASH3_FIELD(Fp8Scales, out_dtype), FLASH3_FIELD(Fp8Scales, q_per_kv_head)};
 
 constexpr Field kVarlen[] = {FLASH3_FIELD(Varlen, cu_seqlens_q), FLASH3_FIELD(Varlen, cu_seqlens_k),
                              FLASH3_FIELD(Varlen, seqused_q),    FLASH3_FIELD(Varlen, seqused_k),
@@ -188,7 +188,7 @@ constexpr bool ends_at(size_t last_offset, size_t last_size) {
   return sizeof(T) == (last_offset + last_size + alignof(T) - 1) / alignof(T) * alignof(T);
 }
 static_assert(ends_at<ConstTensor>(offsetof(ConstTensor, dim_stride), sizeof(int64_t)));
-static_assert(ends_at<Fp8Scales>(offsetof(Fp8Scales, out_dtype), sizeof(flash3::DType)));
+static_assert(ends_at<Fp8Scales>(offsetof(Fp8Scales, q_per_kv_head), sizeof(bool)));
 static_assert(ends_at<KernelOptions>(offsetof(KernelOptions, warp_specialization), sizeof(bool)));
 static_assert(ends_at<Varlen>(offsetof(Varlen, total_k), sizeof(int64_t)));
 static_assert(ends_at<KvAppend>(offsetof(KvAppend, rotary_interleaved), sizeof(bool)));

@@ -61,6 +61,9 @@ Status check_fp8(ForwardArgs const& a) {
       f.granularity != ScaleGranularity::kPerBlock) {
     return invalid("fp8.granularity: must be kPerTensor, kPerHead or kPerBlock");
   }
+  if (f.q_per_kv_head && f.granularity != ScaleGranularity::kPerHead) {
+    return invalid("fp8.q_per_kv_head: Q's scales per KV head are a kPerHead layout; granularity is not kPerHead");
+  }
   if (a.batch == 0 || a.seqlen_q == 0) return Status();
   for (auto const& [name, scale, needed] : {std::tuple{"fp8.q", f.q, true}, std::tuple{"fp8.k", f.k, a.seqlen_k > 0},
                                             std::tuple{"fp8.v", f.v, a.seqlen_k > 0}}) {
@@ -218,7 +221,21 @@ Status check_kv_cache(ForwardArgs const& a) {
   if (a.varlen.cu_seqlens_q != nullptr) {
     return invalid("varlen.cu_seqlens_q: packed sequences and a KV cache do not combine (give one or the other)");
   }
-  if (a.dtype == DType::kE4M3) return Status(Status::Code::kUnsupported, "kv_cache: the KV cache takes bf16 or fp16, not kE4M3");
+  if (a.dtype == DType::kE4M3) {
+    if (a.fp8.out_dtype != DType::kBF16) {
+      return Status(Status::Code::kUnsupported, "fp8.out_dtype: an FP8 KV cache writes O in kBF16 only, got kFP16");
+    }
+    // A scale block is a block of the kernel's tile rows from a sequence's
+    // first row; a cache's entries start at leftpad and grow by appends.
+    if (a.fp8.granularity == ScaleGranularity::kPerBlock) {
+      return Status(Status::Code::kUnsupported,
+                    "fp8.granularity: an FP8 KV cache takes kPerTensor or kPerHead descales, not kPerBlock");
+    }
+    if (a.kv_cache.append.rotary_cos != nullptr) {
+      return Status(Status::Code::kUnsupported,
+                    "kv_cache.append.rotary_cos: an FP8 (kE4M3) cache takes appended rows as they are, without rotary");
+    }
+  }
   if (!(a.options.pingpong && a.options.intra_warpgroup_overlap && a.options.warp_specialization &&
         a.options.persistent)) {
     return Status(Status::Code::kUnsupported, "kv_cache: a KV cache runs with every KernelOption on");

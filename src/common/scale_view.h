@@ -1,7 +1,8 @@
 // FP8 descale factors as the kernels read them: one float per (batch, head,
 // block of rows), the three granularities differing only in their strides
-// (per tensor: all 0; per head: the block stride 0). CuTe-free, so that the
-// API and the references share it.
+// (per tensor: all 0; per head: the block stride 0), per head also shared by
+// a GQA group's query heads (Fp8Scales::q_per_kv_head). CuTe-free, so that
+// the API and the references share it.
 #pragma once
 
 #include <cstdint>
@@ -16,17 +17,20 @@ struct ScaleView {
   int64_t batch_stride = 0;
   int64_t head_stride = 0;
   int64_t block_stride = 0;
+  int64_t heads_per_scale = 1;  // consecutive heads that share one head's scales
 
   FLASH3_HOST_DEVICE float operator()(int64_t batch, int64_t head, int64_t block) const {
-    return data[batch * batch_stride + head * head_stride + block * block_stride];
+    int64_t const scale_head = heads_per_scale == 1 ? head : head / heads_per_scale;
+    return data[batch * batch_stride + scale_head * head_stride + block * block_stride];
   }
 };
 
-// The layouts fp8_scale_count() describes.
+// The layouts fp8_scale_count() describes; per head, `heads_per_scale`
+// consecutive heads may share one scale ([batch, heads / heads_per_scale]).
 inline ScaleView make_scale_view(float const* data, ScaleGranularity granularity, int64_t heads, int64_t seqlen,
-                                 int64_t block) {
+                                 int64_t block, int64_t heads_per_scale = 1) {
   switch (granularity) {
-    case ScaleGranularity::kPerHead: return {data, heads, 1, 0};
+    case ScaleGranularity::kPerHead: return {data, heads / heads_per_scale, 1, 0, heads_per_scale};
     case ScaleGranularity::kPerBlock: {
       int64_t const blocks = block > 0 ? (seqlen + block - 1) / block : 0;
       return {data, heads * blocks, blocks, 1};

@@ -2,10 +2,11 @@
 // elements) of a row of the new keys, the new values or Q, picked by
 // blockIdx.y; the keys' blocks also write the lengths after the append.
 // Rotated dims are computed in float32 and rounded once to the element type;
-// the other dims are copied as they are. Only the rows it appends (and Q's
-// copy) are written.
+// the other dims (and e4m3 rows, which take no rotary) are copied as they
+// are. Only the rows it appends (and Q's copy) are written.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -16,7 +17,7 @@
 namespace flash3::fwd {
 namespace {
 
-constexpr int kVec = 8;  // elements of 16 bytes
+constexpr int kVec = 8;  // elements: 16 bytes of a 16-bit type, 8 of e4m3
 constexpr int kThreads = 256;
 // Blocks per tensor at most; a larger tensor is walked by a grid-stride loop.
 constexpr int64_t kMaxBlocks = int64_t(1) << 20;
@@ -51,8 +52,11 @@ __device__ __forceinline__ void store(T* p, Floats<kVec> const& f) {
 }
 
 template <class T>
+using Chunk = std::conditional_t<sizeof(T) == 2, uint4, uint2>;  // kVec elements
+
+template <class T>
 __device__ __forceinline__ void copy(T* out, T const* in) {
-  *reinterpret_cast<uint4*>(out) = *reinterpret_cast<uint4 const*>(in);
+  *reinterpret_cast<Chunk<T>*>(out) = *reinterpret_cast<Chunk<T> const*>(in);
 }
 
 // Chunk c (elements 8c .. 8c + 7) of a row at `position`, interleaved: its
@@ -119,17 +123,19 @@ __global__ void __launch_bounds__(kThreads) append_kv_kernel(AppendKvArgs const 
       KvCacheMap::Row const r = a.cache.row_of(b, first + i);
       out = static_cast<T*>(dst.data) + r.entry * dst.batch_stride + r.row * dst.seq_stride + h * dst.head_stride;
     }
-    if (!rotary || c * kVec >= a.rotary_dim) {
+    if (sizeof(T) == 1 || !rotary || c * kVec >= a.rotary_dim) {
       copy(out + c * kVec, in + c * kVec);
       continue;
     }
-    int const position = job == kQuery && !a.q_position_per_row ? first : first + i;
-    T const* cos = static_cast<T const*>(a.cos) + int64_t(position) * half;
-    T const* sin = static_cast<T const*>(a.sin) + int64_t(position) * half;
-    if (a.interleaved) {
-      rotate_interleaved(out, in, cos, sin, c);
-    } else if (c * kVec < half) {  // a chunk of the second half is its partner's to write
-      rotate_halves(out, in, cos, sin, c, half);
+    if constexpr (sizeof(T) == 2) {
+      int const position = job == kQuery && !a.q_position_per_row ? first : first + i;
+      T const* cos = static_cast<T const*>(a.cos) + int64_t(position) * half;
+      T const* sin = static_cast<T const*>(a.sin) + int64_t(position) * half;
+      if (a.interleaved) {
+        rotate_interleaved(out, in, cos, sin, c);
+      } else if (c * kVec < half) {  // a chunk of the second half is its partner's to write
+        rotate_halves(out, in, cos, sin, c, half);
+      }
     }
   }
 }
@@ -142,7 +148,9 @@ cudaError_t append_kv(AppendKvArgs const& args, cudaStream_t stream) {
   int64_t const chunks = args.batch * std::max(q_chunks, kv_chunks) / kVec;
   if (chunks == 0) return cudaSuccess;
   dim3 const grid(unsigned(std::min((chunks + kThreads - 1) / kThreads, kMaxBlocks)), args.cos != nullptr ? 3 : 2);
-  if (args.dtype == DType::kFP16) {
+  if (args.dtype == DType::kE4M3) {
+    append_kv_kernel<__nv_fp8_e4m3><<<grid, kThreads, 0, stream>>>(args);
+  } else if (args.dtype == DType::kFP16) {
     append_kv_kernel<__half><<<grid, kThreads, 0, stream>>>(args);
   } else {
     append_kv_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(args);

@@ -16,7 +16,7 @@
 namespace flash3::fwd {
 
 struct AppendKvArgs {
-  DType dtype;  // kBF16 or kFP16: every tensor's and the tables'
+  DType dtype;  // every tensor's and the tables': kBF16, kFP16, or kE4M3 (no tables)
   int batch;
   int seqlen_new;
   int heads_kv;

@@ -33,8 +33,8 @@ template <DType kDType, int kHeadDim, int kHeadDimV, Variant kBase>
 Status launch_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   using Plain = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(false), kHeadDimV>;
   using Split = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(true), kHeadDimV>;
-  static_assert(Split::kBlockM == tile_size(kHeadDim, kHeadDimV, false, true).block_m &&
-                    Split::kBlockN == tile_size(kHeadDim, kHeadDimV, false, true).block_n &&
+  constexpr TileSize kPlanned = tile_size(kHeadDim, kHeadDimV, Split::kFp8, true);
+  static_assert(Split::kBlockM == kPlanned.block_m && Split::kBlockN == kPlanned.block_n &&
                     Plain::kBlockM == Split::kBlockM,
                 "kv_cache_tile (fwd/kv_workspace.h) plans with the KV cache kernels' tiles");
   int const splits = num_splits_of(a, device.num_sms);
@@ -49,14 +49,14 @@ Status launch_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStrea
   });
 }
 
-// A KV cache call on the variant with every technique on, the one
-// Variant::kv_cache_built names for 16-bit dtypes; masked by the window
+// A KV cache call on the variant with every technique on (FP8's with a
+// bf16 O), the one Variant::kv_cache_built names; masked by the window
 // kernel when it has a causal mask or a window, unless packed GQA drops the
 // mask (fwd/pack_gqa.h).
 template <DType kDType, int kHeadDim, int kHeadDimV>
 Status run_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   constexpr Variant kBase{};
-  static_assert(kBase.kv_cache_built(kDType), "KV cache kernels are built for 16-bit dtypes with every technique on");
+  static_assert(kBase.kv_cache_built(kDType), "KV cache kernels are built with every technique on");
   Window const w = window_of(a.causal, a.window_left, a.window_right, a.seqlen_q, a.seqlen_k);
   bool const masked = (a.causal || w.left >= 0 || w.right >= 0) && !packs_gqa(a);
   return masked ? launch_kv_cache<kDType, kHeadDim, kHeadDimV, kBase.with_mask(false, true)>(a, device, stream)

@@ -22,7 +22,7 @@ namespace flash3::fwd {
 
 // The KV cache kernels' tiles (their traits' kTile).
 inline TileSize kv_cache_tile(ForwardArgs const& a) {
-  return tile_size(int(a.head_dim), int(head_dim_v_of(a)), false, true);
+  return tile_size(int(a.head_dim), int(head_dim_v_of(a)), a.dtype == DType::kE4M3, true);
 }
 
 // kv_cache.num_splits, or with 0 choose_num_splits' choice for the call's
@@ -52,7 +52,7 @@ inline KvWorkspaceLayout kv_workspace_layout(ForwardArgs const& a, int num_split
     w.lengths = end;
     end = aligned(w.lengths + size_t(a.batch) * sizeof(int32_t));
     w.q_rotated = end;
-    end = aligned(w.q_rotated + size_t(a.batch * a.seqlen_q * a.heads_q * a.head_dim) * 2);  // bf16 or fp16
+    end = aligned(w.q_rotated + size_t(a.batch * a.seqlen_q * a.heads_q * a.head_dim) * 2);  // the widest dtype's
   }
   if (num_splits > 1) {
     size_t const rows = size_t(num_splits) * size_t(a.batch * a.heads_q * a.seqlen_q);

@@ -53,7 +53,8 @@ Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream
   ScaleView q_scale, k_scale, v_scale;
   if constexpr (Traits::kFp8) {
     ScaleGranularity const g = a.fp8.granularity;
-    q_scale = make_scale_view(a.fp8.q, g, a.heads_q, a.seqlen_q, Traits::kBlockM);
+    q_scale = make_scale_view(a.fp8.q, g, a.heads_q, a.seqlen_q, Traits::kBlockM,
+                              a.fp8.q_per_kv_head ? a.heads_q / a.heads_kv : 1);
     k_scale = make_scale_view(a.fp8.k, g, a.heads_kv, a.seqlen_k, Traits::kBlockN);
     v_scale = make_scale_view(a.fp8.v, g, a.heads_kv, a.seqlen_k, Traits::kBlockN);
   }

@@ -40,7 +40,7 @@ Status launch_split_forward(ForwardArgs const& a, DeviceInfo const& device, int 
   combine.lse_batch_stride = per_batch;
   combine.lse_seq_stride = 1;
   combine.lse_head_stride = sq;
-  combine.out_dtype = a.dtype;
+  combine.out_dtype = Traits::kFp8 ? a.fp8.out_dtype : a.dtype;
   combine.out = a.o;
   combine.lse = a.lse;
   combine.sinks = a.sinks;

@@ -11,7 +11,7 @@ namespace flash3::fwd {
 template <DType kDType, int kHeadDim, int kHeadDimV>
 Status run_forward_instance(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream);
 
-// A KV cache call (ForwardArgs::kv_cache) of a 16-bit instance: defined in
+// A KV cache call (ForwardArgs::kv_cache) of an instance: defined in
 // the instance's KV unit (fwd/instantiate_kv.cu.in), called by its forward
 // unit's dispatch.
 template <DType kDType, int kHeadDim, int kHeadDimV>

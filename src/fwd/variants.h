@@ -50,10 +50,11 @@ struct Variant {
   constexpr bool packed_built(DType dtype) const {
     return all_techniques() && (dtype != DType::kE4M3 || fp8_out == DType::kBF16);
   }
-  // KV cache kernels: bf16 and fp16 with every technique on, each split or
-  // not, without a mask or with the window kernel's (which serves the causal
-  // mask too, as window_right 0): four kernels per head dim.
-  constexpr bool kv_cache_built(DType dtype) const { return all_techniques() && dtype != DType::kE4M3; }
+  // KV cache kernels: every technique on, FP8's with a bf16 O only (as
+  // packed sequences'), each split or not, without a mask or with the window
+  // kernel's (which serves the causal mask too, as window_right 0): four
+  // kernels per dtype and head dim.
+  constexpr bool kv_cache_built(DType dtype) const { return packed_built(dtype); }
 };
 
 // A row of the table: a variant built for a dtype and one head dim, or every

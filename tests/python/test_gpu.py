@@ -959,6 +959,109 @@ def test_kvcache_gqa_softcap_sinks(gpu, num_splits):
     _check_kv_cache(*_cache_case([0, 0, 0], seqlen_q=2, max_len=256), sinks=sinks, num_splits=num_splits)
 
 
+def _e4m3(x, scale_shape):
+    """x quantized to e4m3 with float32 descales of scale_shape: (1,), or
+    (batch, n) with n heads of x or fewer (each scale serving a group of
+    consecutive heads), from each group's largest magnitude."""
+    b, _, h, _ = x.shape
+    if scale_shape == (1,):
+        amax = x.abs().amax().reshape(1)
+    else:
+        amax = x.abs().reshape(b, -1, scale_shape[1], h // scale_shape[1], x.shape[-1]).amax(dim=(1, 3, 4))
+    descale = (amax.float() / 448).clamp(min=1e-12)
+    full = descale if scale_shape == (1,) else descale.repeat_interleave(h // scale_shape[1], 1)[:, None, :, None]
+    return (x.float() / full).to(E4M3), descale
+
+
+def _check_fp8_cache(seqlens, seqlen_q=1, hq=32, hkv=8, d=128, q_scales="tensor", kv_scales="tensor", causal=False,
+                     num_splits=0, page_size=0, seed=0):
+    """An FP8 cache against the float64 reference on its dequantized values:
+    q_scales "tensor", "kv_head" ((batch, heads_kv), FlashAttention-3's) or
+    "head" ((batch, heads_q)); kv_scales "tensor" or "kv_head"; a paged
+    copy of the cache in shuffled pages with page_size."""
+    q, k_cache, v_cache, lens, _, _ = _cache_case(seqlens, seqlen_q=seqlen_q, max_len=1024, hq=hq, hkv=hkv, d=d,
+                                                  seed=seed)
+    batch = q.shape[0]
+    shapes = {"tensor": (1,), "kv_head": (batch, hkv), "head": (batch, hq)}
+    q8, qs = _e4m3(q, shapes[q_scales])
+    k8, ks = _e4m3(k_cache, shapes[kv_scales])
+    v8, vs = _e4m3(v_cache, shapes[kv_scales])
+    kwargs = dict(cache_seqlens=lens, causal=causal, num_splits=num_splits, return_softmax_lse=True,
+                  q_descale=qs, k_descale=ks, v_descale=vs)
+    if page_size:
+        pages = k8.shape[1] // page_size
+        order = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(seed)).cuda()
+        k_pool, v_pool = (torch.empty((batch * pages, page_size) + t.shape[2:], dtype=E4M3, device="cuda")
+                          for t in (k8, v8))
+        k_pool.view(torch.uint8)[order] = k8.view(torch.uint8).reshape(batch * pages, page_size, hkv, d)
+        v_pool.view(torch.uint8)[order] = v8.view(torch.uint8).reshape(batch * pages, page_size, hkv, d)
+        out, lse = flash3.flash_attn_with_kvcache(q8, k_pool, v_pool, page_table=order.view(batch, pages).int(),
+                                                  **kwargs)
+    else:
+        out, lse = flash3.flash_attn_with_kvcache(q8, k8, v8, **kwargs)
+    assert out.dtype == BF16
+    scale = d ** -0.5
+
+    def dequantized(x8, descale, b, rows):
+        x = x8[b:b + 1, :rows].double()
+        if descale.dim() == 1:
+            return x * descale.double()
+        return x * descale[b].double().repeat_interleave(x.shape[2] // descale.shape[1])[None, None, :, None]
+
+    for b in range(batch):
+        n = int(lens[b])
+        qd, kd, vd = dequantized(q8, qs, b, seqlen_q), dequantized(k8, ks, b, n), dequantized(v8, vs, b, n)
+        ref, ref_lse = reference(qd, kd, vd, causal, scale)
+        check_output(f"fp8 cache out[{b}] q {q_scales} kv {kv_scales}", out[b:b + 1], ref,
+                     straightforward_fp8(qd, kd, vd, causal, scale, BF16))
+        check_lse(lse[b:b + 1], ref_lse, fp8_lse_slack(qd, kd, d, scale)[~torch.isinf(ref_lse)])
+
+
+@pytest.mark.parametrize("num_splits", [1, 0, 4])
+@pytest.mark.parametrize("q_scales,kv_scales", [("tensor", "tensor"), ("kv_head", "kv_head"), ("head", "tensor"),
+                                                ("tensor", "kv_head")])
+def test_fp8_kvcache_decoding(gpu, q_scales, kv_scales, num_splits):
+    """Decoding packs GQA with per-tensor and per-KV-head Q descales, not with per-query-head ones."""
+    _check_fp8_cache(_CACHE_LENS, q_scales=q_scales, kv_scales=kv_scales, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("page_size", [0, 64])
+def test_fp8_kvcache_causal_chunks_and_pages(gpu, page_size, num_splits):
+    _check_fp8_cache([5, 6, 300, 1024, 777], seqlen_q=5, causal=True, hq=8, hkv=2, q_scales="kv_head",
+                     kv_scales="kv_head", page_size=page_size, num_splits=num_splits, seed=page_size)
+    _check_fp8_cache(_CACHE_LENS, page_size=page_size, num_splits=num_splits, seed=1)
+
+
+@pytest.mark.parametrize("head_dim", interface.FP8_HEAD_DIMS)
+def test_fp8_kvcache_head_dims(gpu, head_dim):
+    with _skip_unless_built():
+        _check_fp8_cache(_CACHE_LENS, seqlen_q=2, hq=8, hkv=2, d=head_dim, causal=True, q_scales="kv_head",
+                         kv_scales="kv_head")
+
+
+def test_fp8_kvcache_append_copies_rows(gpu):
+    """Appended e4m3 rows land in the cache as they are, and are attended to."""
+    q, k_cache, v_cache, lens, _, _ = _cache_case([0, 5, 200], seqlen_q=1, max_len=256, hq=8, hkv=2)
+    q8, qs = _e4m3(q, (1,))
+    k8, ks = _e4m3(k_cache, (1,))
+    v8, vs = _e4m3(v_cache, (1,))
+    k_new, v_new = k8[:, -3:].clone(), v8[:, -3:].clone()
+    before_k, before_v = k8.clone(), v8.clone()
+    out = flash3.flash_attn_with_kvcache(q8, k8, v8, k_new, v_new, cache_seqlens=lens, q_descale=qs, k_descale=ks,
+                                         v_descale=vs)
+    for b, n in enumerate([0, 5, 200]):
+        want_k, want_v = before_k[b].clone(), before_v[b].clone()
+        want_k[n:n + 3], want_v[n:n + 3] = k_new[b], v_new[b]
+        assert torch.equal(k8[b].view(torch.uint8), want_k.view(torch.uint8))
+        assert torch.equal(v8[b].view(torch.uint8), want_v.view(torch.uint8))
+        kd, vd = k8[b:b + 1, :n + 3].double() * ks.double(), v8[b:b + 1, :n + 3].double() * vs.double()
+        qd = q8[b:b + 1].double() * qs.double()
+        ref, _ = reference(qd, kd, vd, False, 128 ** -0.5)
+        check_output(f"fp8 append out[{b}]", out[b:b + 1], ref, straightforward_fp8(qd, kd, vd, False, 128 ** -0.5,
+                                                                                      BF16))
+
+
 @contextlib.contextmanager
 def _skip_unless_built():
     """Skips a case whose kernels a narrowed build (FLASH3_HEAD_DIMS,

@@ -548,14 +548,23 @@ def _bad_kvcache_calls():
     later = [(name, {name: value}) for name, value in (
         ("qv", meta(2, 1, 8, 128)),
         ("cu_seqlens_q", meta(3, dtype=i32)), ("max_seqlen_q", 1), ("rotary_seqlens", meta(2, dtype=i32)),
-        ("q_descale", meta(1, dtype=torch.float32)), ("attention_chunk", 64), ("pack_gqa", True), ("sm_margin", 4))]
+        ("attention_chunk", 64), ("pack_gqa", True), ("sm_margin", 4))]
     plan = meta(4, 64, dtype=torch.uint8)
     return [
         *[(f"kvcache {name}", lambda kw=kw: f(q, kc, vc, cache_seqlens=lens, **kw), NotImplementedError, f"{name}:")
           for name, kw in later],
         ("kvcache q dims", lambda: f(meta(2, 8, 128), kc, vc), ValueError, "q: must have 4 dims"),
         ("kvcache k dims", lambda: f(q, meta(3, 300, 256), vc), ValueError, "k_cache: must have 4 dims"),
-        ("kvcache dtype", lambda: f(*cache(dtype=E4M3)[:3]), ValueError, "q: dtype torch.float8_e4m3fn"),
+        ("kvcache dtype", lambda: f(*cache(dtype=torch.float32)[:3]), ValueError, "q: dtype torch.float32"),
+        ("kvcache descale", lambda: f(q, kc, vc, q_descale=meta(1, dtype=torch.float32)), ValueError,
+         "q_descale: descales are for float8_e4m3fn inputs"),
+        ("kvcache fp8 block descale", lambda: f(*cache(dtype=E4M3)[:3], k_descale=meta(2, 2, 3, dtype=torch.float32)),
+         ValueError, "k_descale: shape (2, 2, 3) is none of the descale layouts"),
+        ("kvcache fp8 head dim", lambda: f(*cache(dtype=E4M3, d=96)[:3]), ValueError, "q: head_dim 96"),
+        ("kvcache fp8 rotary", lambda: f(*cache(dtype=E4M3)[:3], meta(2, 1, 2, 128, dtype=E4M3),
+                                         meta(2, 1, 2, 128, dtype=E4M3), rotary_cos=meta(300, 64),
+                                         rotary_sin=meta(300, 64), cache_seqlens=0), ValueError, "rotary_cos: an FP8"),
+        ("kvcache fp8 softcap", lambda: f(*cache(dtype=E4M3)[:3], softcap=10.0), ValueError, "softcap: the FP8"),
         ("kvcache k dtype", lambda: f(q, kc.half(), vc), ValueError, "k_cache: dtype must be q's"),
         ("kvcache head dim", lambda: f(*cache(d=80)[:3]), ValueError, "q: head_dim 80"),
         ("kvcache k head dim", lambda: f(q, meta(3, 300, 2, 64), vc), ValueError, "k_cache: head_dim must be q's"),
@@ -692,6 +701,21 @@ def test_kvcache_shapes_on_meta(sq, dims):
                                               window_size=(10, 0), softcap=5.0, num_splits=3,
                                               return_softmax_lse=True, sinks=meta(8, dtype=torch.float32))
     assert out.shape == (2, sq, 8, dv or d) and lse.shape == (2, 8, sq) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("descales", ["none", "tensor", "kv_head", "head"])
+def test_fp8_kvcache_shapes_on_meta(descales):
+    """An FP8 cache writes a bfloat16 O; its descales: one value or (batch, heads_kv) (Q's also (batch, heads_q))."""
+    q, kc, vc, lens = cache(dtype=E4M3)
+    f32 = torch.float32
+    given = {"none": {}, "tensor": dict(q_descale=meta(1, dtype=f32), v_descale=meta(1, dtype=f32)),
+             "kv_head": dict(q_descale=meta(2, 2, dtype=f32), k_descale=meta(2, 2, dtype=f32)),
+             "head": dict(q_descale=meta(2, 8, dtype=f32), v_descale=meta(1, dtype=f32))}[descales]
+    out, lse = flash3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, return_softmax_lse=True, **given)
+    assert out.shape == (2, 1, 8, 128) and out.dtype == BF16 and lse.shape == (2, 8, 1)
+    out = flash3.flash_attn_with_kvcache(q, kc, vc, meta(2, 1, 2, 128, dtype=E4M3), meta(2, 1, 2, 128, dtype=E4M3),
+                                         cache_seqlens=lens, causal=True, **given)
+    assert out.dtype == BF16
 
 
 @pytest.mark.parametrize("page_size", [16, 64, 256])
