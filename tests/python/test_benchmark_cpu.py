@@ -433,6 +433,9 @@ def test_decode_targets_per_row():
                                           "paged 16 >= 0.95 x plain": False}
     short = decode_row(64, 4096, flash3=2900.0, sdpa_cudnn=2958.0)
     assert decode_table.targets(short) == {">= 1.02 x cuDNN": False}
+    # The e4m3 cache's GB/s count its own bytes: no "within 5% of plain".
+    assert decode_table.targets(decode_row(64, 4096, flash3=2900.0, flash3_e4m3=2000.0)) == {}
+    assert decode_table.element_bytes(decode_table.FP8) == 1 and decode_table.element_bytes("flash3") == 2
     single = decode_row(1, 131072, flash3=2900.0)
     assert decode_table.targets(single) == {">= 2.95 TB/s": False, "batch 1 >= 2.9 TB/s": True}
     assert decode_table.targets(decode_row(1, 1024, sdpa_cudnn=900.0)) == {}

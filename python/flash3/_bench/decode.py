@@ -6,8 +6,10 @@ timed alike in one process.
 Decoding reads each key and value once and does little else, so the measure
 is bandwidth: the bytes of K and V (batch x cache x heads_kv x head_dim x 2
 tensors x 2 bytes) over the call's time. flash3 runs on the contiguous cache,
-on paged copies of it (pages in random order) and with an append of one new
-token with rotary embedding (attending to the same number of keys); the peers
+on paged copies of it (pages in random order), with an append of one new
+token with rotary embedding (attending to the same number of keys) and on an
+e4m3 copy (per-tensor descales; its GB/s counts its own, half as many,
+bytes, and it is checked against its dequantized values); the peers
 get the cache in their own layout ([batch, heads_kv, cache, head_dim] for
 SDPA, enable_gqa). Every method is checked against a float32 reference on
 batch entry 0 before it is timed.
@@ -67,6 +69,23 @@ def _rotated(torch, x, cos, sin):
     return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c, x[..., 2 * half:].float()], -1).to(x.dtype)
 
 
+def _e4m3(torch, x):
+    """x quantized to e4m3 with one float32 descale (from its largest magnitude)."""
+    descale = (x.abs().amax().float() / 448).clamp(min=1e-12).reshape(1)
+    return (x.float() / descale).to(torch.float8_e4m3fn), descale
+
+
+def _fp8_reference(torch, q0, k0, v0):
+    """float32 attention of dequantized e4m3 inputs (entry 0's, as _reference takes them): exact, and with P
+    rounded to e4m3 as the FP8 kernels' PV GEMM reads it."""
+    group = q0.shape[0] // k0.shape[1]
+    k0, v0 = k0.repeat_interleave(group, 1), v0.repeat_interleave(group, 1)
+    s = torch.einsum("hd,shd->hs", q0, k0).mul(q0.shape[-1] ** -0.5)
+    exact = torch.einsum("hs,shd->hd", s.softmax(-1), v0)
+    low = torch.einsum("hs,shd->hd", s.softmax(-1).to(torch.float8_e4m3fn).float(), v0)
+    return exact, low
+
+
 def _checked(torch, fn, reference):
     """None, or why fn's entry 0 is off the reference (flash3-bench's rule: 2x the bf16 reference's error + 1e-5)."""
     out = fn()[0, 0].float()
@@ -106,6 +125,14 @@ def _methods(torch, q, k, v, page_sizes, seed):
             return call
         return make
 
+    fp8 = {}
+
+    def e4m3():
+        (q8, qs), (k8, ks), (v8, vs) = (_e4m3(torch, t) for t in (q, k, v))
+        fp8["reference"] = _fp8_reference(torch, q8[0, 0].float() * qs, k8[0].float() * ks, v8[0].float() * vs)
+        return lambda: flash3.flash_attn_with_kvcache(q8, k8, v8, cache_seqlens=lens, q_descale=qs, k_descale=ks,
+                                                      v_descale=vs)
+
     def fa3():
         import flash_attn_interface
         return lambda: flash_attn_interface.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
@@ -128,6 +155,7 @@ def _methods(torch, q, k, v, page_sizes, seed):
     methods += [(f"flash3 paged {p}", paged(p), plain) for p in page_sizes]
     methods += [("sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION), plain),
                 ("sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION), plain), ("fa3", fa3, plain),
+                (decode_table.FP8, e4m3, lambda: fp8["reference"]),
                 ("flash3 append+rotary", append_rotary, appended)]
     return methods
 
@@ -145,12 +173,14 @@ def run(torch, timer, args, out):
             with recording_warnings() as caught:
                 try:
                     fn = make()
-                    failure = _checked(torch, fn, reference) if args.check else None
+                    failure = _checked(torch, fn, reference() if callable(reference) else reference) \
+                        if args.check else None
                     if failure:
                         row["not_run"][name] = f"check failed: {failure}"
                         continue
                     samples, _ = timer.measure(fn)
-                    row["gbps"][name] = kv_bytes / statistics.median(samples) / 1e6
+                    row["gbps"][name] = decode_table.kv_bytes(batch, cache, element=decode_table.element_bytes(name)) \
+                        / statistics.median(samples) / 1e6
                 except Exception as e:  # no kernel for the layout, not importable, out of memory
                     row["not_run"][name] = failure_reason(caught, e)
             torch.cuda.empty_cache()
