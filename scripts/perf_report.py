@@ -24,6 +24,8 @@ The data folder holds (all but gpu.txt optional):
                      packed sequences against the fixed-length kernel, in one regime
   decode.json        python -m flash3.benchmark --decode --json: decoding from a KV cache, GB/s of K and V,
                      flash3 (contiguous, paged, appending with rotary) beside SDPA's backends, one process
+  prefill.json       python -m flash3.benchmark --prefill --json: chunked prefill against a KV cache, TFLOP/s
+                     beside flash_attn_func on the same work, one process
   clocks.txt         scripts/clock_summary.py's line (--import makes it from clocks.csv)
   notes.md           anything said by hand about the run, shown under the header
   compare.json       runs from before peers*.json: SDPA's backends timed in a separate process beside
@@ -54,10 +56,11 @@ DEFAULT_DATA = ROOT / "docs" / "perf-data"
 BENCH_FILES = ("bench.json", "bench_bwd.json", "bench_pair.json", "bench_pair_bwd.json", "bench_fp8.json")
 VARLEN_FILES = ("varlen.json", "varlen_fp8.json")
 DECODE_FILE = "decode.json"
+PREFILL_FILE = "prefill.json"
 PEERS_GLOB = "peers*.json"
 SEPARATE_PEERS = "compare.json"
 INPUT_FILES = ("gpu.txt",) + BENCH_FILES + ("bench_bwd_det.json", "ablation.json", SEPARATE_PEERS,
-                                            "fp8_accuracy.txt", "clocks.txt") + VARLEN_FILES + (DECODE_FILE,)
+                                            "fp8_accuracy.txt", "clocks.txt") + VARLEN_FILES + (DECODE_FILE, PREFILL_FILE)
 # hdim_v: V's head dim (hdim where a file has none), so that 192 / 128 is a row of its own beside 192.
 SHAPE_KEYS = ("pass", "dtype", "hdim", "hdim_v", "causal", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv")
 PASS_ORDER = ("fwd", "bwd", "fwd+bwd")
@@ -139,6 +142,7 @@ def clock_summary():
 sweep = module_at("flash3_bench_sweep", ROOT / "python" / "flash3" / "_bench" / "sweep.py")
 figure = module_at("flash3_bench_plot", ROOT / "python" / "flash3" / "_bench" / "plot.py")
 decode_table = module_at("flash3_bench_decode_table", ROOT / "python" / "flash3" / "_bench" / "decode_table.py")
+prefill_table = module_at("flash3_bench_prefill_table", ROOT / "python" / "flash3" / "_bench" / "prefill_table.py")
 
 
 def read_gpu(text):
@@ -202,6 +206,7 @@ def load(data):
     varlen = [js(name) for name in VARLEN_FILES if js(name)]
     run["varlen"] = dict(varlen[0], rows=[r for v in varlen for r in v["rows"]]) if varlen else None
     run["decode"] = js(DECODE_FILE)
+    run["prefill"] = js(PREFILL_FILE)
     for name in BENCH_FILES:
         run["bench"] += js(name) or []
     accuracy = text("fp8_accuracy.txt")
@@ -607,6 +612,24 @@ def decode_section(run):
     return out + (notes + [""] if notes else [])
 
 
+def prefill_section(run):
+    """Chunked prefill (issue 35): a chunk of queries against a KV cache, TFLOP/s beside flash_attn_func."""
+    out = ["## Chunked prefill", ""]
+    prefill = run.get("prefill")
+    if not prefill:
+        return out + [f"Not measured in this run (no {PREFILL_FILE}).", ""]
+    out += ["`python -m flash3.benchmark --prefill`: a chunk of a prompt's queries against a KV cache that ends",
+            f"with the chunk's keys, causal (bottom-right), batch 1, {prefill_table.HEADS_KV * prefill_table.GROUP} "
+            f"query heads and {prefill_table.HEADS_KV} KV heads, head dim {prefill_table.HDIM}, bf16; TFLOP/s of the",
+            "visited (query, key) pairs, the KV cache call (contiguous and paged) beside `flash_attn_func` on the",
+            "same tensors (the same work). The last column names the targets of issue 35 the row misses.", "",
+            f"- regime: {sweep.regime_label(prefill['regime'])}",
+            f"- timer: {prefill.get('timer', 'not recorded')}", "",
+            prefill_table.format_table(prefill["rows"]), ""]
+    notes = [f"n/a: {n} ({r['chunk']} x {r['cache']}): {why}" for r in prefill["rows"] for n, why in r["not_run"].items()]
+    return out + (notes + [""] if notes else [])
+
+
 def accuracy_section(run, rows):
     out = ["## Accuracy", "",
            "Each timed shape is first checked against the float32 GPU reference: flash3's largest error must be",
@@ -702,6 +725,7 @@ def report(run, data_label, plot_name):
     out += ablation_section(run)
     out += varlen_section(run)
     out += decode_section(run)
+    out += prefill_section(run)
     out += accuracy_section(run, bench["rows"])
     return "\n".join(out).rstrip() + "\n"
 
