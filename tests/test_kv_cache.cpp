@@ -124,7 +124,7 @@ TEST(KvCacheValidation, Fp8Cache) {
   expect_unsupported([](ForwardArgs& a) { a.fp8.out_dtype = flash3::DType::kFP16; }, "fp8.out_dtype");
   expect_unsupported([](ForwardArgs& a) { a.kv_cache.append.rotary_cos = reinterpret_cast<const void*>(0x93000); },
                      "kv_cache.append.rotary_cos");
-  flash3::testing::expect_invalid_args(fp8_cache_args(), [](ForwardArgs& a) {
+  flash3::testing::expect_invalid_args<ForwardArgs>(fp8_cache_args(), [](ForwardArgs& a) {
     a.fp8.granularity = flash3::ScaleGranularity::kPerTensor;
     a.fp8.q_per_kv_head = true;
   }, "fp8.q_per_kv_head");
