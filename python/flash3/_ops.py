@@ -634,6 +634,27 @@ kvcache_fwd = torch.library.custom_op("flash3::kvcache_fwd", _kvcache_forward_im
                                       mutates_args=("k_cache", "v_cache"), device_types="cuda")
 
 
+def kvcache(q, k_cache, v_cache, *rest):
+    """flash3::kvcache_fwd of checked arguments (its schema's order); an eager
+    call on plain CUDA tensors runs the implementation without the
+    dispatcher, as attention() does (decoding calls are tiny and many),
+    bumping the caches' version counters itself when it appends to them (the
+    dispatcher does so for an operator's mutated arguments)."""
+    if _eager(q, k_cache, v_cache):
+        result = _kvcache_forward_impl(q, k_cache, v_cache, *rest)
+        if rest[_KVCACHE_K_NEW] is not None:
+            for cache in (k_cache, v_cache):
+                torch.autograd.graph.increment_version(cache)
+        return result
+    return kvcache_fwd(q, k_cache, v_cache, *rest)
+
+
+# Where the new keys (k) lie in kvcache's *rest: after cache_seqlens,
+# cache_batch_idx, cache_leftpad, softmax_scale, causal, num_splits,
+# workspace, sinks, window_left, window_right, softcap and page_table.
+_KVCACHE_K_NEW = 12
+
+
 @kvcache_fwd.register_fake
 def _kvcache_forward_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale, causal,
                           num_splits, workspace, sinks=None, window_left=-1, window_right=-1, softcap=0.0, page_table=None,

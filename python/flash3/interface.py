@@ -762,7 +762,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     mask = (*_checked_window(window_size, causal), _checked_softcap(softcap))
     softmax_scale = _checked_scale(softmax_scale, q)
     cos, sin, interleaved = rotary or (None, None, False)
-    out, lse = _ops.kvcache_fwd(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale,
+    out, lse = _ops.kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale,
                                 bool(causal), num_splits, workspace, sinks, *mask, page_table, k, v, cos, sin,
                                 interleaved, *scales)
     return (out, lse) if return_softmax_lse else out

@@ -1080,6 +1080,17 @@ def test_kvcache_head_dims(gpu, head_dim):
         _check_kv_cache(*_cache_case(_CACHE_LENS, seqlen_q=2, d=head_dim), causal=True, num_splits=0)
 
 
+def test_kvcache_eager_append_bumps_the_caches_versions(gpu):
+    """The eager path (no dispatcher) marks the caches it appends to as changed, as the operator does."""
+    q, k_cache, v_cache, lens, _, _ = _cache_case([3, 10], max_len=64)
+    before = (k_cache._version, v_cache._version)
+    flash3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens)
+    assert (k_cache._version, v_cache._version) == before
+    flash3.flash_attn_with_kvcache(q, k_cache, v_cache, k_cache[:, :1].clone(), v_cache[:, :1].clone(),
+                                   cache_seqlens=lens)
+    assert k_cache._version > before[0] and v_cache._version > before[1]
+
+
 def test_kvcache_split_equals_unsplit(gpu):
     """Each split rounds P to bfloat16 against its own running max, so O
     differs by that rounding (2^-9 of each term), then by O's own: within
