@@ -562,6 +562,8 @@ def _checked_rotary(q, k, rotary_cos, rotary_sin, rotary_interleaved, max_len):
 
 
 def _checked_num_splits(num_splits):
+    if type(num_splits) is int and 0 <= num_splits <= 128:  # the common call, without the ABC checks below
+        return num_splits
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or not 0 <= num_splits <= 128:
         raise ValueError(f"num_splits: must be an int in [0, 128] (0: chosen by flash3, 1: no split), "
                          f"got {num_splits!r}")
@@ -759,7 +761,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     if scheduler_metadata is not None:
         num_splits, workspace = _checked_scheduler_metadata(scheduler_metadata, num_splits, q.device)
     sinks = _checked_sinks(sinks, q)
-    mask = (*_checked_window(window_size, causal), _checked_softcap(softcap))
+    mask = _mask(window_size, causal, softcap)
     softmax_scale = _checked_scale(softmax_scale, q)
     cos, sin, interleaved = rotary or (None, None, False)
     out, lse = _ops.kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale,
