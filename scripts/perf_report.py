@@ -591,43 +591,40 @@ def varlen_section(run):
     return out + [md_table(header, body), ""]
 
 
+def sweep_section(title, data, file_name, about, table):
+    """A sweep of its own (decode, prefill): `about` (what it measures), its regime and timer, and its table
+    module's table and notes of the run's rows."""
+    out = [f"## {title}", ""]
+    if not data:
+        return out + [f"Not measured in this run (no {file_name}).", ""]
+    out += about + ["", f"- regime: {sweep.regime_label(data['regime'])}",
+                    f"- timer: {data.get('timer', 'not recorded')}", "", table.format_table(data["rows"]), ""]
+    notes = table.format_notes(data["rows"])
+    return out + (notes + [""] if notes else [])
+
+
 def decode_section(run):
     """Decoding from a KV cache (issue 35's sweep): GB/s of K and V, flash3 beside SDPA's backends, one process."""
-    out = ["## Decoding from a KV cache", ""]
-    decode = run["decode"]
-    if not decode:
-        return out + [f"Not measured in this run (no {DECODE_FILE}).", ""]
-    out += ["`python -m flash3.benchmark --decode`: one query a sequence against a full cache, "
-            f"{decode_table.HEADS_KV * decode_table.GROUP} query heads and {decode_table.HEADS_KV} KV heads, "
-            f"head dim {decode_table.HDIM}, bf16;",
-            "GB/s of K and V read once (the bytes of both tensors over the call's time). flash3 on the contiguous",
-            "cache, on paged copies of it (pages in random order) and appending one token with rotary embedding;",
-            "SDPA's backends on the cache in their own layout (`enable_gqa`). Each method is checked against a",
-            "float32 reference first; a method without a number says why below the table. The last column names",
-            "the targets of issue 35 the row misses.", "",
-            f"- regime: {sweep.regime_label(decode['regime'])}",
-            f"- timer: {decode.get('timer', 'not recorded')}", "",
-            decode_table.format_table(decode["rows"]), ""]
-    notes = decode_table.format_notes(decode["rows"])
-    return out + (notes + [""] if notes else [])
+    return sweep_section("Decoding from a KV cache", run["decode"], DECODE_FILE, [
+        "`python -m flash3.benchmark --decode`: one query a sequence against a full cache, "
+        f"{decode_table.HEADS_KV * decode_table.GROUP} query heads and {decode_table.HEADS_KV} KV heads, "
+        f"head dim {decode_table.HDIM}, bf16;",
+        "GB/s of K and V read once (the bytes of both tensors over the call's time). flash3 on the contiguous",
+        "cache, on paged copies of it (pages in random order), appending one token with rotary embedding and on",
+        "an e4m3 copy (GB/s of its own bytes); SDPA's backends on the cache in their own layout (`enable_gqa`).",
+        "Each method is checked against a float32 reference first; a method without a number says why below the",
+        "table. The last column names the targets of issue 35 the row misses."], decode_table)
 
 
 def prefill_section(run):
     """Chunked prefill (issue 35): a chunk of queries against a KV cache, TFLOP/s beside flash_attn_func."""
-    out = ["## Chunked prefill", ""]
-    prefill = run.get("prefill")
-    if not prefill:
-        return out + [f"Not measured in this run (no {PREFILL_FILE}).", ""]
-    out += ["`python -m flash3.benchmark --prefill`: a chunk of a prompt's queries against a KV cache that ends",
-            f"with the chunk's keys, causal (bottom-right), batch 1, {prefill_table.HEADS_KV * prefill_table.GROUP} "
-            f"query heads and {prefill_table.HEADS_KV} KV heads, head dim {prefill_table.HDIM}, bf16; TFLOP/s of the",
-            "visited (query, key) pairs, the KV cache call (contiguous and paged) beside `flash_attn_func` on the",
-            "same tensors (the same work). The last column names the targets of issue 35 the row misses.", "",
-            f"- regime: {sweep.regime_label(prefill['regime'])}",
-            f"- timer: {prefill.get('timer', 'not recorded')}", "",
-            prefill_table.format_table(prefill["rows"]), ""]
-    notes = [f"n/a: {n} ({r['chunk']} x {r['cache']}): {why}" for r in prefill["rows"] for n, why in r["not_run"].items()]
-    return out + (notes + [""] if notes else [])
+    return sweep_section("Chunked prefill", run.get("prefill"), PREFILL_FILE, [
+        "`python -m flash3.benchmark --prefill`: a chunk of a prompt's queries against a KV cache that ends",
+        f"with the chunk's keys, causal (bottom-right), batch 1, {prefill_table.HEADS_KV * prefill_table.GROUP} "
+        f"query heads and {prefill_table.HEADS_KV} KV heads, head dim {prefill_table.HDIM}, bf16; TFLOP/s of the",
+        "visited (query, key) pairs, the KV cache call (contiguous and paged) beside `flash_attn_func` on the",
+        "same tensors (the same work). The last column names the targets of issue 35 the row misses."],
+        prefill_table)
 
 
 def accuracy_section(run, rows):

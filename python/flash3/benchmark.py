@@ -249,39 +249,38 @@ def run_varlen(torch, args):
     return 0
 
 
-def run_decode(torch, args):
+def run_table(torch, args, mode, about, run, format_table, format_notes):
+    """One sweep of its own (--decode, --prefill): the device and regime, `about` (its shapes and measure),
+    run(torch, timer, args, progress)'s rows as a table with its notes, and the JSON; returns the rows."""
     telemetry = Telemetry(torch)
     timer = Timer(torch, regime_of(args), args.reps, telemetry)
     device = describe_device(torch, telemetry)
     print(f"device: {device['name']}; regime: {sweep.regime_label(regime_of(args))}; timer: {timer.description()}")
-    print(f"decoding: seqlen_q 1, {decode_table.HEADS_KV * decode_table.GROUP} query heads, "
-          f"{decode_table.HEADS_KV} KV heads, head dim {decode_table.HDIM}, bf16; GB/s of K and V read once")
-    rows = decode.run(torch, timer, args, sys.stderr)
-    print_table(decode_table.format_table(rows), decode_table.format_notes(rows))
+    print(about)
+    rows = run(torch, timer, args, sys.stderr)
+    print_table(format_table(rows), format_notes(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"tool": "python -m flash3.benchmark --decode", "argv": sys.argv[1:], "device": device,
+            json.dump({"tool": f"python -m flash3.benchmark {mode}", "argv": sys.argv[1:], "device": device,
                        "software": software(torch), "regime": regime_of(args), "timer": timer.description(),
                        "rows": rows}, f, indent=1)
+    return rows
+
+
+def run_decode(torch, args):
+    rows = run_table(torch, args, "--decode",
+                     f"decoding: seqlen_q 1, {decode_table.HEADS_KV * decode_table.GROUP} query heads, "
+                     f"{decode_table.HEADS_KV} KV heads, head dim {decode_table.HDIM}, bf16; GB/s of K and V read once",
+                     decode.run, decode_table.format_table, decode_table.format_notes)
     return 1 if any(name.startswith("flash3") for r in rows for name in r["not_run"]) else 0
 
 
 def run_prefill(torch, args):
-    telemetry = Telemetry(torch)
-    timer = Timer(torch, regime_of(args), args.reps, telemetry)
-    device = describe_device(torch, telemetry)
-    print(f"device: {device['name']}; regime: {sweep.regime_label(regime_of(args))}; timer: {timer.description()}")
-    print(f"chunked prefill: batch {prefill.BATCH}, {prefill_table.HEADS_KV * prefill_table.GROUP} query heads, "
-          f"{prefill_table.HEADS_KV} KV heads, head dim {prefill_table.HDIM}, bf16, causal (bottom-right); "
-          "TFLOP/s of the visited pairs")
-    rows = prefill.run(torch, timer, args, sys.stderr)
-    print_table(prefill_table.format_table(rows), [f"n/a: {n} ({r['chunk']} x {r['cache']}): {why}"
-                                                   for r in rows for n, why in r["not_run"].items()])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"tool": "python -m flash3.benchmark --prefill", "argv": sys.argv[1:], "device": device,
-                       "software": software(torch), "regime": regime_of(args), "timer": timer.description(),
-                       "rows": rows}, f, indent=1)
+    rows = run_table(torch, args, "--prefill",
+                     f"chunked prefill: batch {prefill.BATCH}, {prefill_table.HEADS_KV * prefill_table.GROUP} query "
+                     f"heads, {prefill_table.HEADS_KV} KV heads, head dim {prefill_table.HDIM}, bf16, causal "
+                     "(bottom-right); TFLOP/s of the visited pairs",
+                     prefill.run, prefill_table.format_table, prefill_table.format_notes)
     return 1 if any(r["not_run"] for r in rows) else 0
 
 

@@ -482,6 +482,7 @@ def test_prefill_targets_and_table():
                         "flash3 KV cache / plain | flash3 paged 256 / plain | missed |")
     assert table[2] == "| 512 | 8192 | 450.0 | 400.0 | 480.0 | 0.938 | 0.833 | flash3 paged 256 >= 0.9 x plain |"
     assert table[3] == "| 2048 | 32768 | 600.0 | n/a | n/a | n/a | n/a | none |"
+    assert prefill_table.format_notes(rows) == ["n/a: flash_attn_func (2048 x 32768): out of memory"]
 
 
 def test_cli_names_the_decode_sweep_and_its_options():

@@ -17,7 +17,7 @@ batch entry 0 before it is timed.
 import statistics
 
 from . import decode_table
-from .methods import failure_reason, recording_warnings
+from .methods import timed
 
 
 def _cache(torch, batch, cache, heads_kv, hdim, seed):
@@ -170,19 +170,14 @@ def run(torch, timer, args, out):
         row = {"batch": batch, "cache": cache, "heads_q": q.shape[2], "heads_kv": k.shape[2], "hdim": k.shape[3],
                "kv_bytes": kv_bytes, "gbps": {}, "not_run": {}}
         for name, make, reference in _methods(torch, q, k, v, args.page_size, seed=i):
-            with recording_warnings() as caught:
-                try:
-                    fn = make()
-                    failure = _checked(torch, fn, reference() if callable(reference) else reference) \
-                        if args.check else None
-                    if failure:
-                        row["not_run"][name] = f"check failed: {failure}"
-                        continue
-                    samples, _ = timer.measure(fn)
-                    row["gbps"][name] = decode_table.kv_bytes(batch, cache, element=decode_table.element_bytes(name)) \
-                        / statistics.median(samples) / 1e6
-                except Exception as e:  # no kernel for the layout, not importable, out of memory
-                    row["not_run"][name] = failure_reason(caught, e)
+            def check(fn, reference=reference):
+                return _checked(torch, fn, reference() if callable(reference) else reference)
+            samples, why = timed(timer, make, check if args.check else None)
+            if samples is None:
+                row["not_run"][name] = why
+            else:
+                row["gbps"][name] = decode_table.kv_bytes(batch, cache, element=decode_table.element_bytes(name)) \
+                    / statistics.median(samples) / 1e6
             torch.cuda.empty_cache()
         rows.append(row)
         print(f"[{i + 1}/{len(shapes)}] decode {batch} x {cache}: "

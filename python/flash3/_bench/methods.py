@@ -205,3 +205,19 @@ def recording_warnings():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield caught
+
+
+def timed(timer, make, check):
+    """(samples, None): the sample times (ms) of the call make() returns, or
+    (None, why) when it has none: check(fn) (None, or why the call's result
+    is off; None: not checked) failed, or making or calling it raised (no
+    kernel for the layout, not importable, out of memory)."""
+    with recording_warnings() as caught:
+        try:
+            fn = make()
+            failure = check(fn) if check else None
+            if failure:
+                return None, f"check failed: {failure}"
+            return timer.measure(fn)[0], None
+        except Exception as e:
+            return None, failure_reason(caught, e)

@@ -10,7 +10,7 @@ import statistics
 
 from . import prefill_table
 from .decode import _paged
-from .methods import failure_reason, recording_warnings
+from .methods import timed
 
 BATCH, PAGE_SIZE, ROWS = 1, 256, 256
 
@@ -48,6 +48,11 @@ def _checked(torch, out, q, k, v):
     return None if err <= 2 * base + 1e-5 else f"O: max error {err:.2e} above 2x bf16's {base:.2e} + 1e-5"
 
 
+def _check_of(torch, q, k, v):
+    """The check of a method's call on these inputs (timed's)."""
+    return lambda fn: _checked(torch, fn(), q, k, v)
+
+
 def _methods(torch, q, k, v, seed):
     """(name, make) pairs: make() builds the method's inputs and returns its call, lazily (one paged copy at a
     time)."""
@@ -77,17 +82,11 @@ def run(torch, timer, args, out):
         row = {"batch": BATCH, "chunk": chunk, "cache": cache, "heads_q": q.shape[2], "heads_kv": k.shape[2],
                "hdim": k.shape[3], "flops": flops, "tflops": {}, "not_run": {}}
         for name, make in _methods(torch, q, k, v, seed=i):
-            with recording_warnings() as caught:
-                try:
-                    fn = make()
-                    failure = _checked(torch, fn(), q, k, v) if args.check else None
-                    if failure:
-                        row["not_run"][name] = f"check failed: {failure}"
-                        continue
-                    samples, _ = timer.measure(fn)
-                    row["tflops"][name] = flops / statistics.median(samples) / 1e9
-                except Exception as e:  # no kernel for the layout, out of memory
-                    row["not_run"][name] = failure_reason(caught, e)
+            samples, why = timed(timer, make, _check_of(torch, q, k, v) if args.check else None)
+            if samples is None:
+                row["not_run"][name] = why
+            else:
+                row["tflops"][name] = flops / statistics.median(samples) / 1e9
             torch.cuda.empty_cache()
         rows.append(row)
         print(f"[{i + 1}/{len(shapes)}] prefill {chunk} against {cache}: "

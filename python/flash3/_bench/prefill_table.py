@@ -56,3 +56,8 @@ def format_table(rows):
         lines.append(f"| {r['chunk']} | {r['cache']} | " + " | ".join(cells) + " | " + ("; ".join(missed) or "none")
                      + " |")
     return "\n".join(lines)
+
+
+def format_notes(rows):
+    """Why a method has no number on a shape."""
+    return [f"n/a: {LABELS.get(n, n)} ({r['chunk']} x {r['cache']}): {why}" for r in rows for n, why in r["not_run"].items()]
