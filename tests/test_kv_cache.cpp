@@ -354,6 +354,17 @@ TEST(KvWorkspace, Plan) {
   float const sink = 0.f;
   unpacked.sinks = &sink;
   EXPECT_EQ(flash3::fwd::num_splits_of(unpacked, 132), flash3::choose_num_splits(2 * 8, blocks, 132));
+  // An FP8 cache plans with FP8's tiles (192-key blocks at head dim 128), and packs GQA only with one Q
+  // descale per KV head or per tensor.
+  ForwardArgs fp8 = fp8_cache_args();
+  fp8.heads_kv = 2;
+  fp8.seqlen_k = 32768;
+  fp8.kv_cache.num_splits = 0;
+  EXPECT_EQ(flash3::fwd::kv_cache_tile(fp8).block_n, flash3::fwd::tile_size(128, 128, true, true).block_n);
+  int const fp8_blocks = (32768 + 191) / 192;
+  EXPECT_EQ(flash3::fwd::num_splits_of(fp8, 132), flash3::choose_num_splits(2 * 8, fp8_blocks, 132));
+  fp8.fp8.q_per_kv_head = true;
+  EXPECT_EQ(flash3::fwd::num_splits_of(fp8, 132), flash3::choose_num_splits(tiles, fp8_blocks, 132));
   a.batch = 0;
   ASSERT_TRUE(flash3::plan_kv_cache(a, &plan).ok());  // nothing to launch: no device needed
   EXPECT_EQ(plan.num_splits, 1);
