@@ -6,7 +6,7 @@
 # docs/performance.md from them). Binaries are built on the workstation and
 # carried in .device/ (scripts/stage_device.sh), or built here by the stage
 # `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
-#   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize sanitize_varlen bench bwd
+#   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize sanitize_varlen sanitize_kv bench bwd
 #                                       pair fp8 ablation compare sustained match ab features varlen decode
 #                                       prefill parallel
 #                                       (default: test python sanitize bench bwd fp8 ablation compare)
@@ -164,6 +164,16 @@ if has sanitize || has sanitize_varlen; then
         --gtest_filter='Forward.Varlen:Backward.Varlen:ForwardFp8.Varlen' >>"$OUT/sanitize.log" 2>&1
     fi
     summary+=("compute-sanitizer $tool (varlen) rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
+  done
+fi
+if has sanitize || has sanitize_kv; then
+  # The KV cache's kernels (split and not, paged, packed GQA, the append,
+  # the e4m3 cache): small calls from Python (scripts/sanitize_kv_cache.py),
+  # the head dims SANITIZE_KV_HDIMS.
+  for tool in memcheck racecheck synccheck; do
+    FLASH3_LIBRARY="$pylib" PYTHONPATH="$PWD/python" timeout 300 compute-sanitizer --tool $tool \
+      --error-exitcode 9 python3 scripts/sanitize_kv_cache.py ${SANITIZE_KV_HDIMS:-64 128 256} >>"$OUT/sanitize.log" 2>&1
+    summary+=("compute-sanitizer $tool (KV cache) rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tail -1)")
   done
 fi
 
