@@ -114,11 +114,16 @@ def _forward_outputs(q, v, out_dtype, with_lse=True):
             q.new_empty((b, hq, sq), dtype=torch.float32) if with_lse else None)
 
 
+def _fixed_out_dtype(q):
+    """O's dtype where the kernels write one only (packed sequences, KV caches): q's, or bfloat16 for FP8."""
+    return torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+
+
 def _varlen_outputs(q, v):
     """Packed sequences' O ([total_q, heads, v's head dim]; FP8's in
     bfloat16, the one O its packed kernels write) and LSE ([heads, total_q])."""
     total_q, hq, _ = q.shape
-    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    out_dtype = _fixed_out_dtype(q)
     return (q.new_empty((total_q, hq, v.shape[-1]), dtype=out_dtype),
             q.new_empty((hq, total_q), dtype=torch.float32))
 
@@ -604,7 +609,7 @@ def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seq
         if rotary_cos is not None:
             rotary_cos, rotary_sin = _dense_aligned(rotary_cos), _dense_aligned(rotary_sin)
         append = (_kernel_readable(k), _kernel_readable(v), rotary_cos, rotary_sin, rotary_interleaved)
-    out, lse = _forward_outputs(q, v_cache, _kvcache_out_dtype(q))
+    out, lse = _forward_outputs(q, v_cache, _fixed_out_dtype(q))
     scales = (q_descale, k_descale, v_descale)
     index = q.get_device()
     counter = _tile_counter(index)
@@ -623,11 +628,6 @@ def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seq
                               mask, page_table, append, workspace, scales),
          _raw_stream(index), "forward")
     return out, lse
-
-
-def _kvcache_out_dtype(q):
-    """O's dtype: q's, or bfloat16 for an FP8 cache (the one O its kernels write)."""
-    return torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
 
 
 kvcache_fwd = torch.library.custom_op("flash3::kvcache_fwd", _kvcache_forward_impl,
@@ -660,7 +660,7 @@ def _kvcache_forward_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, c
                           num_splits, workspace, sinks=None, window_left=-1, window_right=-1, softcap=0.0, page_table=None,
                           k=None, v=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False, q_descale=None,
                           k_descale=None, v_descale=None):
-    return _forward_outputs(q, v_cache, _kvcache_out_dtype(q))
+    return _forward_outputs(q, v_cache, _fixed_out_dtype(q))
 
 
 # ---- combine (flash_attn_combine) ----------------------------------------------

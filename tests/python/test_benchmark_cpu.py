@@ -454,6 +454,34 @@ def test_decode_table_and_notes():
                                                "n/a: SDPA cuDNN (8x4096): no kernel"]
 
 
+# ---- timing one method ------------------------------------------------------------------
+
+class FakeTimer:
+    def __init__(self):
+        self.measured = []
+
+    def measure(self, fn):
+        self.measured.append(fn)
+        return [3.0, 1.0, 2.0], {}
+
+
+def test_timed_returns_the_samples_or_why_there_are_none():
+    methods = load_in_package("methods")
+    timer = FakeTimer()
+    call = lambda: "out"  # noqa: E731
+    assert methods.timed(timer, lambda: call, None) == ([3.0, 1.0, 2.0], None)
+    assert methods.timed(timer, lambda: call, lambda fn: None if fn() == "out" else "wrong") == ([3.0, 1.0, 2.0], None)
+    assert timer.measured == [call, call]
+    # A failed check is reported and the call is not timed.
+    assert methods.timed(timer, lambda: call, lambda fn: "O: max error 1") == (None, "check failed: O: max error 1")
+    assert len(timer.measured) == 2
+
+    def no_kernel():
+        raise NotImplementedError("head_dim: 80 is not supported")
+    assert methods.timed(timer, no_kernel, None) == (None, "NotImplementedError: head_dim: 80 is not supported")
+    assert len(timer.measured) == 2
+
+
 # ---- the chunked prefill sweep -----------------------------------------------------------
 
 def test_prefill_shapes_keep_chunks_within_their_cache():
