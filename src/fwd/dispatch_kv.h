@@ -15,10 +15,8 @@
 #include "common/element.h"
 #include "common/mask.h"
 #include "flash3/flash3.h"
-#include "fwd/kv_scratch.h"
-#include "fwd/kv_workspace.h"
+#include "fwd/kv_call.h"
 #include "fwd/launch.h"
-#include "fwd/launch_append.h"
 #include "fwd/launch_split.h"
 #include "fwd/pack_gqa.h"
 #include "fwd/traits.h"
@@ -26,9 +24,8 @@
 
 namespace flash3::fwd {
 
-// The call's workspace first (the caller's, checked, or allocated), its
-// append, its GQA groups packed when it decodes, then the split kernel when
-// it takes more than one split, else the plain one (both of kBase's mask).
+// The call (fwd/kv_call.h) on the split kernel when it takes more than one
+// split, else the plain one (both of kBase's mask).
 template <DType kDType, int kHeadDim, int kHeadDimV, Variant kBase>
 Status launch_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   using Plain = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(false), kHeadDimV>;
@@ -37,15 +34,9 @@ Status launch_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStrea
   static_assert(Split::kBlockM == kPlanned.block_m && Split::kBlockN == kPlanned.block_n &&
                     Plain::kBlockM == Split::kBlockM,
                 "kv_cache_tile (fwd/kv_workspace.h) plans with the KV cache kernels' tiles");
-  int const splits = num_splits_of(a, device.num_sms);
-  KvWorkspaceLayout const layout = kv_workspace_layout(a, splits);
-  return with_kv_workspace(a, layout, stream, [&](char* block) {
-    return with_append(a, block, layout, stream, [&](ForwardArgs const& appended) {
-      ForwardArgs const attended = packs_gqa(appended) ? packed_gqa(appended) : appended;
-      if (splits == 1) return launch_forward<Plain>(attended, device, stream);
-      return launch_split_forward<Split>(attended, device, splits, reinterpret_cast<float*>(block + layout.partial_o),
-                                         reinterpret_cast<float*>(block + layout.partial_lse), stream);
-    });
+  return run_kv_call(a, device, stream, [&](ForwardArgs const& attended, SplitPartials const& partials) {
+    if (partials.num_splits == 1) return launch_forward<Plain>(attended, device, stream);
+    return launch_split_forward<Split>(attended, device, partials, stream);
   });
 }
 

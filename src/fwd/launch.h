@@ -21,6 +21,7 @@
 #include "fwd/kernel.h"
 #include "fwd/kernel_no_ws.h"
 #include "fwd/split_epilogue.h"
+#include "fwd/split_partials.h"
 
 namespace flash3::fwd {
 
@@ -34,13 +35,6 @@ using ForwardKernel = std::conditional_t<
            std::conditional_t<Traits::kSplit, SplitTileScheduler,
                               std::conditional_t<Traits::kPacked, VarlenTileScheduler, PersistentTileScheduler>>>,
     KernelNoWS<Mainloop<Traits>, Epilogue<Traits>, PersistentTileScheduler>>;
-
-// Split-KV's float32 partials (fwd/split_epilogue.h's layout) and their count.
-struct SplitPartials {
-  float* o = nullptr;
-  float* lse = nullptr;
-  int num_splits = 1;
-};
 
 template <class Traits>
 Status launch_forward(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream,

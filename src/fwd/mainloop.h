@@ -6,7 +6,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/pipeline/pipeline.hpp>
-#include <utility>
+#include <type_traits>
 
 #include "common/layout.h"
 #include "common/scale_view.h"
@@ -16,6 +16,7 @@
 #include "common/tile_order.h"
 #include "fwd/block_range.h"
 #include "fwd/descale.h"
+#include "fwd/kv_boxes.h"
 #include "fwd/kv_split.h"
 #include "fwd/mask.h"
 #include "fwd/softmax.h"
@@ -72,42 +73,11 @@ struct Mainloop {
                                       select<1, 2>(TileShapeQK{}), _1{}));
   using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorV{}, take<0, 2>(SmemLayoutV{}), TileShapeV{}, _1{}));
 
-  // A paged cache's K and V blocks load as boxes of PagedBoxes::kRows rows
-  // (common/kv_cache.h) from the page pool viewed as (page_size, d, heads,
-  // pages). A box is the stage's layout restricted to its rows, which is
-  // the same layout at an offset for every box (checked below): the swizzle
-  // atoms are 8 rows, so a box holds whole atoms and starts on one.
-  static constexpr int kBoxRows = PagedBoxes::kRows;
-  static_assert(kBlockN % kBoxRows == 0, "a key block is whole boxes");
-  template <int kDim>
-  using BoxShape = Shape<Int<kBoxRows>, Int<kDim>>;
-  template <class StageLayout, int kDim>
-  using BoxLayout = decltype(composition(StageLayout{}, make_tile(Layout<Int<kBoxRows>>{}, Layout<Int<kDim>>{})));
+  // A paged cache's K and V blocks load as boxes of kBoxRows rows
+  // (fwd/kv_boxes.h) from the page pool viewed as (page_size, d, heads,
+  // pages), each box the stage's layout at an offset (checked below).
   using SmemLayoutKBox = BoxLayout<decltype(take<0, 2>(SmemLayoutK{})), kHeadDim>;
   using SmemLayoutVBox = BoxLayout<decltype(take<0, 2>(SmemLayoutV{})), Traits::kHeadDimV>;
-  // Each box's check is a constant of its own: one evaluation over every
-  // box passes the compiler's constexpr budget at head dim 192.
-  template <class StageLayout, int kDim, int kBox>
-  static constexpr bool box_is_shifted_copy() {
-    StageLayout const stage{};
-    int const shift = int(stage(kBox * kBoxRows, 0)) - int(stage(0, 0));
-    for (int r = 0; r < kBoxRows; ++r) {
-      for (int c = 0; c < kDim; c += 8) {
-        if (int(stage(kBox * kBoxRows + r, c)) != int(stage(r, c)) + shift) return false;
-      }
-    }
-    return true;
-  }
-  template <class StageLayout, int kDim, int kBox>
-  static constexpr bool kBoxIsShiftedCopy = box_is_shifted_copy<StageLayout, kDim, kBox>();
-  template <class StageLayout, int kDim, int... kBox>
-  static constexpr bool boxes_are_shifted_copies(std::integer_sequence<int, kBox...>) {
-    return (kBoxIsShiftedCopy<StageLayout, kDim, kBox> && ...);
-  }
-  template <class StageLayout, int kDim>
-  static constexpr bool boxes_are_shifted_copies() {
-    return boxes_are_shifted_copies<StageLayout, kDim>(std::make_integer_sequence<int, kBlockN / kBoxRows>{});
-  }
   struct NoBoxes {};
   using TmaKBox = std::conditional_t<Traits::kKvCache,
                                      decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKBox{},
@@ -117,8 +87,9 @@ struct Mainloop {
                                      decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorV{}, SmemLayoutVBox{},
                                                             BoxShape<Traits::kHeadDimV>{}, _1{})),
                                      NoBoxes>;
-  static_assert(!Traits::kKvCache || (boxes_are_shifted_copies<decltype(take<0, 2>(SmemLayoutK{})), kHeadDim>() &&
-                                      boxes_are_shifted_copies<decltype(take<0, 2>(SmemLayoutV{})), Traits::kHeadDimV>()),
+  static_assert(!Traits::kKvCache ||
+                    (boxes_are_shifted_copies<decltype(take<0, 2>(SmemLayoutK{})), kHeadDim, kBlockN>() &&
+                     boxes_are_shifted_copies<decltype(take<0, 2>(SmemLayoutV{})), Traits::kHeadDimV, kBlockN>()),
                 "a paged cache's boxes are not the stage's layout at an offset");
   template <class Box, class Layout, int kDim, class G>
   static Box box_tma(G const& g) {
@@ -335,24 +306,10 @@ struct Mainloop {
       copy(tma.with(barrier), slice.partition_S(g), slice.partition_D(s)(_, _, _, stage));
     }
 
-    // kBlockN / kBoxRows boxes, each from its page of the pool (page -1 past
-    // the entry's keys: zeros), all counted by the stage's transaction
-    // barrier, whose byte count is the whole block's as for one load.
     template <class TmaBox, class GShape, class Layout, class Barrier>
     CUTE_DEVICE void boxes(TmaBox const& tma, GShape const& shape, Element* buffer, Layout layout, Barrier& barrier,
                            int stage, int n_block) const {
-      auto const box_shape = make_shape(Int<kBoxRows>{}, get<1>(shape));
-      Tensor pool = tma.get_tma_tensor(shape)(_, _, head_kv, _);  // (page_size, d or dv, pages)
-      Tensor s = make_tensor(make_smem_ptr(buffer), layout)(_, _, stage);  // (N, d or dv)
-      auto slice = tma.get_slice(_0{});
-      PagedBoxes walk(p.cache, tile.batch, n_block * kBlockN);
-      CUTE_UNROLL
-      for (int box = 0; box < kBlockN / kBoxRows; ++box) {
-        Tensor g = local_tile(pool(_, _, walk.page()), box_shape, make_coord(walk.row / kBoxRows, _0{}));
-        copy(tma.with(barrier), slice.partition_S(g),
-             slice.partition_D(local_tile(s, box_shape, make_coord(box, _0{}))));
-        walk.next();
-      }
+      load_paged_block<kBlockN>(tma, shape, buffer, layout, barrier, stage, p.cache, tile.batch, head_kv, n_block);
     }
   };
 
