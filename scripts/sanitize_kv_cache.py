@@ -2,7 +2,8 @@
 synccheck): decoding packed and not, causal chunks, contiguous and paged
 caches (pages of 16 and 64 in a shuffled order), 1 to 3 splits, cache_batch_idx
 and leftpad, appends with and without rotary; bf16, and an e4m3 cache with
-per-tensor and per-head descales. Exits non-zero on a NaN in an output.
+per-tensor and per-head descales; MLA's calls (qv) alike. Exits non-zero on a
+NaN in an output.
 
     compute-sanitizer --tool racecheck python3 scripts/sanitize_kv_cache.py [head dim ...]
 """
@@ -62,5 +63,26 @@ for d in [int(a) for a in sys.argv[1:]] or [64, 128, 256]:
             out = flash3.flash_attn_with_kvcache(q, k, v, new_k, new_v, cache_seqlens=seqlens.clamp(max=CAPACITY - 2),
                                                  **rotary, **kw)
         assert not out.float().isnan().any(), (d, lens, fp8)
+# MLA (qv): 64 rotary and 512 latent columns, packed decoding (16 heads on
+# one KV head), causal chunks of 3 rows, pages of 64, splits, an append with
+# rotary.
+for batch, sq, hq, lens, splits, page in [(3, 1, 16, [0, 77, 250], 0, 0), (2, 1, 16, [5, 256], 3, 64),
+                                          (2, 3, 4, [3, 200], 2, 0)]:
+    q, qv = tensor(batch, sq, hq, 64, fp8=False), tensor(batch, sq, hq, 512, fp8=False)
+    k, v = tensor(batch, CAPACITY, 1, 64, fp8=False), tensor(batch, CAPACITY, 1, 512, fp8=False)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kw = dict(qv=qv, causal=True, num_splits=splits)
+    if page:
+        pages = batch * CAPACITY // page
+        table = torch.randperm(pages, device="cuda", generator=gen).int().view(batch, CAPACITY // page)
+        out = flash3.flash_attn_with_kvcache(q, k.view(pages, page, 1, 64), v.view(pages, page, 1, 512),
+                                             cache_seqlens=seqlens, page_table=table, **kw)
+    else:
+        angle = torch.arange(CAPACITY, device="cuda")[:, None] * 0.01 * torch.arange(32, device="cuda")
+        out = flash3.flash_attn_with_kvcache(q, k, v, tensor(batch, 1, 1, 64, fp8=False),
+                                             tensor(batch, 1, 1, 512, fp8=False), rotary_cos=angle.cos().bfloat16(),
+                                             rotary_sin=angle.sin().bfloat16(),
+                                             cache_seqlens=seqlens.clamp(max=CAPACITY - 1), **kw)
+    assert not out.float().isnan().any(), ("mla", lens)
 torch.cuda.synchronize()
 print("sanitize_kv_cache: done")

@@ -14,7 +14,8 @@ with the R2UR of their descriptors). Local memory outside the mainloops is
 listed, so that it stays visible. The forward's ablation variant without warp specialization
 has no producer warpgroup to give registers away: it needs no USETMAXREG. The
 split-KV forward (fwd::SplitEpilogue) writes its float32 partials from
-registers, not by TMA: it needs no UTMASTG.
+registers, not by TMA: it needs no UTMASTG, nor does MLA's kernel
+(fwd/mla_kernel.h), which writes O from registers too.
 
 The backward's kernels run as a chain of programmatic dependent launches
 (src/common/dependent_launch.h): each one with a dependent should let it
@@ -32,6 +33,7 @@ import sys
 REQUIRED = {
     "forward_kernel": ("HGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"),
     "backward_kernel": ("HGMMA", "UTMALDG", "UTMAREDG", "USETMAXREG"),
+    "mla_kernel": ("HGMMA", "UTMALDG", "USETMAXREG"),
 }
 
 

@@ -4,6 +4,7 @@
 // the call's plan and workspace.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -130,6 +131,54 @@ TEST(KvCacheValidation, Fp8Cache) {
   }, "fp8.q_per_kv_head");
 }
 
+// An MLA call: q [2, 1, 16, 64], qv [2, 1, 16, 512] against caches of one
+// KV head, k [3, 300, 1, 64] and v [3, 300, 1, 512].
+ForwardArgs mla_args() {
+  ForwardArgs a = valid_cache_args();
+  a.heads_q = 16;
+  a.heads_kv = 1;
+  a = flash3::testing::with_head_dims(a, 64, 512);
+  a.qv = flash3::contiguous<const void*>(flash3::testing::fake_address(0xC0000), 1, 16, 512);
+  return a;
+}
+
+TEST(KvCacheValidation, Mla) {
+  EXPECT_TRUE(flash3::validate(mla_args()).ok());
+  ForwardArgs paged = mla_args();
+  paged.kv_cache.page_table = reinterpret_cast<const int32_t*>(0x84000);
+  paged.kv_cache.page_size = 64;
+  paged.seqlen_k = 320;
+  paged.k = flash3::contiguous<const void*>(paged.k.data, 64, 1, 64);
+  paged.v = flash3::contiguous<const void*>(paged.v.data, 64, 1, 512);
+  paged.causal = true;
+  EXPECT_TRUE(flash3::validate(paged).ok());
+  auto invalid = [](std::function<void(ForwardArgs&)> const& edit, std::string const& name) {
+    flash3::testing::expect_invalid_args<ForwardArgs>(mla_args(), edit, name);
+  };
+  invalid([](ForwardArgs& a) { a.head_dim_v = 256; }, "head_dim: MLA (qv) takes head_dim 64 and head_dim_v 512");
+  invalid([](ForwardArgs& a) { a.head_dim = 128; }, "head_dim: MLA (qv)");
+  invalid([](ForwardArgs& a) { a.qv.data = flash3::testing::fake_address(0xC0008); }, "qv.data");
+  invalid([](ForwardArgs& a) { a.qv.seq_stride = 100; a.seqlen_q = 2; }, "qv.seq_stride");
+  invalid([](ForwardArgs& a) { a.qv.dim_stride = 2; }, "qv.dim_stride");
+  auto unsupported = [](std::function<void(ForwardArgs&)> const& edit, std::string const& name) {
+    ForwardArgs a = mla_args();
+    edit(a);
+    Status const s = flash3::validate(a);
+    EXPECT_EQ(s.code(), Status::Code::kUnsupported) << name;
+    EXPECT_EQ(s.message().rfind(name, 0), 0u) << s.message();
+  };
+  unsupported([](ForwardArgs& a) { a.dtype = flash3::DType::kFP16; }, "qv: MLA (qv) runs in kBF16");
+  unsupported([](ForwardArgs& a) { a.softcap = 10.f; }, "softcap: MLA (qv)");
+  unsupported([](ForwardArgs& a) { a.sinks = reinterpret_cast<const float*>(0x85000); }, "sinks: MLA (qv)");
+  unsupported([](ForwardArgs& a) { a.kv_cache = {}; }, "qv: MLA (qv) runs against a KV cache");
+  // MLA's head dims without qv: a plain call's V head dims say where 512 belongs.
+  ForwardArgs plain = mla_args();
+  plain.qv = {};
+  Status const s = flash3::validate(plain);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("is MLA's, with qv"), std::string::npos) << s.message();
+}
+
 TEST(KvCacheValidation, Workspace) {
   expect_invalid([](ForwardArgs& a) { a.kv_cache.workspace = reinterpret_cast<void*>(0xA0008); },
                  "kv_cache.workspace");
@@ -254,6 +303,7 @@ TEST(PackGqa, SameElementsAsRowsOfTheGroup) {
   a.q = flash3::contiguous<const void*>(a.q.data, 1, a.heads_q, a.head_dim);
   a.q.batch_stride += 64;  // a gap between entries
   a.o = flash3::contiguous<void*>(a.o.data, 1, a.heads_q, a.head_dim);
+  a.qv = flash3::contiguous<const void*>(a.q.data, 1, a.heads_q, 512);  // MLA's latent Q packs as Q
   a.causal = true;
   ASSERT_TRUE(flash3::fwd::packs_gqa(a));
   ForwardArgs const p = flash3::fwd::packed_gqa(a);
@@ -268,6 +318,8 @@ TEST(PackGqa, SameElementsAsRowsOfTheGroup) {
                 b * a.q.batch_stride + h * a.q.head_stride);
       EXPECT_EQ(b * p.o.batch_stride + row * p.o.seq_stride + head * p.o.head_stride,
                 b * a.o.batch_stride + h * a.o.head_stride);
+      EXPECT_EQ(b * p.qv.batch_stride + row * p.qv.seq_stride + head * p.qv.head_stride,
+                b * a.qv.batch_stride + h * a.qv.head_stride);
       // The LSE is [batch, heads, seqlen_q], contiguous.
       EXPECT_EQ((b * p.heads_q + head) * p.seqlen_q + row, (b * a.heads_q + h) * a.seqlen_q);
     }
@@ -365,6 +417,16 @@ TEST(KvWorkspace, Plan) {
   EXPECT_EQ(flash3::fwd::num_splits_of(fp8, 132), flash3::choose_num_splits(2 * 8, fp8_blocks, 132));
   fp8.fp8.q_per_kv_head = true;
   EXPECT_EQ(flash3::fwd::num_splits_of(fp8, 132), flash3::choose_num_splits(tiles, fp8_blocks, 132));
+  // MLA plans with its own tiles (64 x 64): by its head dims, qv given or not (a plan has no tensors).
+  ForwardArgs mla = mla_args();
+  mla.seqlen_k = 32768;
+  mla.kv_cache.num_splits = 0;
+  EXPECT_EQ(flash3::fwd::kv_cache_tile(mla).block_m, flash3::fwd::kMlaTile.block_m);
+  EXPECT_EQ(flash3::fwd::num_splits_of(mla, 132), flash3::choose_num_splits(2 * 1, 32768 / 64, 132));
+  mla.qv = {};
+  mla.kv_cache.num_splits = 3;
+  ASSERT_TRUE(flash3::plan_kv_cache(mla, &plan).ok());
+  EXPECT_EQ(plan.workspace_bytes, flash3::fwd::kv_workspace_layout(mla, 3).bytes);
   a.batch = 0;
   ASSERT_TRUE(flash3::plan_kv_cache(a, &plan).ok());  // nothing to launch: no device needed
   EXPECT_EQ(plan.num_splits, 1);

@@ -312,12 +312,28 @@ struct ForwardArgs {
 
   // V's and O's head dim: 0 (the same as head_dim), head_dim, or 128 with
   // head_dim 192 (DeepSeek-V3's shape; bf16 and fp16, with every option
-  // above). After the fields above, so that the C ABI's offsets stay.
+  // above), or 512 with head_dim 64 for MLA (qv, below). After the fields
+  // above, so that the C ABI's offsets stay.
   int64_t head_dim_v = 0;
 
-  // A KV cache (decoding), or none (kv_cache.seqlens nullptr). Last, for the
-  // same reason.
+  // A KV cache (decoding), or none (kv_cache.seqlens nullptr). After the
+  // fields above, for the same reason.
   KvCache kv_cache;
+
+  // MLA (multi-head latent attention, DeepSeek-V2/V3) in its absorbed form,
+  // as FlashAttention-3's qv: [batch, seqlen_q, heads_q, head_dim_v], the
+  // queries' latent part, whose scores against V join Q's against K: S =
+  // softmax_scale * (Q K^T + Qv V^T), O = softmax(S) V. With a KV cache
+  // only, kBF16, head_dim 64 (the rotary part: q and k_cache) and
+  // head_dim_v 512 (the latent part: qv, v_cache, O); softmax_scale 0 then
+  // selects 1/sqrt(head_dim + head_dim_v). The cache's forms (contiguous,
+  // paged, batch_idx, leftpad), appends with rotary (of q and the new k),
+  // split-KV, GQA (decoding packs a KV head's query heads into tiles), the
+  // causal mask, a window and the LSE are as without qv; softcap and sinks
+  // are not supported with it. A cache of one 576-column tensor (latent
+  // then rotary, as FlashMLA's) is two views of it: v its first 512
+  // columns, k its last 64. nullptr: no MLA. Last, for the same reason.
+  ConstTensor qv;
 };
 
 // Checks the arguments without touching the device: sizes, head dim, pointers
@@ -383,7 +399,8 @@ Status combine(const CombineArgs& args, cudaStream_t stream);
 // dims, the mask, whether sinks and kv_cache.seqlens (required) are given,
 // kv_cache.num_splits and kv_cache.append.seqlen_new (an append when
 // positive, with room for rotary tables), never a pointer's target, so it
-// can be asked before the other tensors exist. The workspace depends on the splits, not on seqlen_k: a
+// can be asked before the other tensors exist (MLA's head dims, 64 and 512,
+// plan MLA's kernel, qv given or not). The workspace depends on the splits, not on seqlen_k: a
 // call given the planned num_splits explicitly fits the planned workspace
 // at any cache length. kInvalidArgument naming the argument for sizes that
 // validate() would refuse.

@@ -115,6 +115,7 @@ class ForwardArgs(ctypes.Structure):
         ("tile_counter", ctypes.c_void_p),
         ("head_dim_v", ctypes.c_int64),
         ("kv_cache", KvCache),
+        ("qv", TensorRef),
     ]
 
 

@@ -179,7 +179,7 @@ def forward_args(q, k, v, out, lse, scales, softmax_scale, causal, counter, sink
                   *k.stride(), v.data_ptr(), *v.stride(), out.data_ptr(), *out.stride(),
                   0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
                   0 if sinks is None else sinks.data_ptr(), *fp8, *_NO_VARLEN, *_ALL_ON,
-                  0 if counter is None else counter.data_ptr(), v.shape[-1], *_NO_KV_CACHE)
+                  0 if counter is None else counter.data_ptr(), v.shape[-1], *_NO_KV_CACHE, *_NO_TENSOR)
     return args
 
 
@@ -222,7 +222,7 @@ def varlen_forward_args(q, k, v, out, lse, softmax_scale, causal, counter, varle
     _pack_forward(args, 0, DTYPES[q.dtype], *sizes, *_packed_ref(q), *_packed_ref(k), *_packed_ref(v),
                   *_packed_ref(out), 0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
                   0 if sinks is None else sinks.data_ptr(), *fp8, *fields, *_ALL_ON,
-                  0 if counter is None else counter.data_ptr(), v.shape[-1], *_NO_KV_CACHE)
+                  0 if counter is None else counter.data_ptr(), v.shape[-1], *_NO_KV_CACHE, *_NO_TENSOR)
     return args
 
 
@@ -541,14 +541,15 @@ def _append_fields(append):
 
 
 def kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, counter, cache, sinks=None,
-                         mask=_NO_MASK, page_table=None, append=None, workspace=None, scales=(None, None, None)):
+                         mask=_NO_MASK, page_table=None, append=None, workspace=None, scales=(None, None, None),
+                         qv=None):
     """ForwardArgs of a KV cache call; cache is (cache_seqlens, cache_batch_idx,
     cache_leftpad, num_splits), the index tensors int32 [batch] or None;
     page_table int32 [batch, max_pages_per_seq] (columns contiguous) makes the
     caches a pool of pages [num_pages, page_size, ...]; append as
     _append_fields takes it; workspace a uint8 tensor the call's scratch
     lives in (None: the library allocates it on the stream); scales an FP8
-    cache's (q, k, v) descales, or Nones."""
+    cache's (q, k, v) descales, or Nones; qv MLA's latent queries, or None."""
     seqlens, batch_idx, leftpad, num_splits = cache
     args = _abi.ForwardArgs()
     b, sq, hq, d = q.shape
@@ -561,7 +562,8 @@ def kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, c
                   *_ref(out), 0 if lse is None else lse.data_ptr(), softmax_scale, causal, *mask,
                   _index_ptr(sinks), *(_NO_FP8 if scales[0] is None else _fp8_fields(scales, out)), *_NO_VARLEN,
                   *_ALL_ON, _index_ptr(counter), v_cache.shape[-1], seqlens.data_ptr(), _index_ptr(batch_idx), _index_ptr(leftpad), ks[0], num_splits, *paged,
-                  *_append_fields(append), *((0, 0) if workspace is None else (workspace.data_ptr(), workspace.numel())))
+                  *_append_fields(append), *((0, 0) if workspace is None else (workspace.data_ptr(), workspace.numel())),
+                  *(_NO_TENSOR if qv is None else _ref(qv)))
     return args
 
 
@@ -575,7 +577,8 @@ def plan_kv_cache(cache_seqlens, dtype, batch, seqlen_q, seqlen_k, heads_q, head
     append = (*_NO_TENSOR, *_NO_TENSOR, seqlen_new, 0, 0, 0, 0, False)
     _pack_forward(args, 0, DTYPES[dtype], batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, *_NO_TENSOR,
                   *_NO_TENSOR, *_NO_TENSOR, *_NO_TENSOR, 0, 0.0, causal, *mask, int(sinks), *fp8, *_NO_VARLEN,
-                  *_ALL_ON, 0, head_dim_v, cache_seqlens.data_ptr(), 0, 0, 1, num_splits, 0, 0, 0, *append, 0, 0)
+                  *_ALL_ON, 0, head_dim_v, cache_seqlens.data_ptr(), 0, 0, 1, num_splits, 0, 0, 0, *append, 0, 0,
+                  *_NO_TENSOR)
     splits, nbytes = ctypes.c_int64(), ctypes.c_size_t()
     buf = _abi.message_buffer()
     _abi.raise_for_status(lib.plan_kv_cache(_byref(args), _byref(splits), _byref(nbytes), buf, _abi.MESSAGE_BYTES),
@@ -599,11 +602,13 @@ def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seq
                           v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
                           rotary_sin: Optional[Tensor] = None, rotary_interleaved: bool = False,
                           q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
-                          v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                          v_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     lib = _abi.load()
     # An append writes the caches in place: the interface refuses a strided
     # head dim then, so that these are the caller's tensors, not copies.
     q, k_cache, v_cache = _head_dim_contiguous(q), _head_dim_contiguous(k_cache), _head_dim_contiguous(v_cache)
+    if qv is not None:
+        qv = _head_dim_contiguous(qv)
     append = None
     if k is not None:
         if rotary_cos is not None:
@@ -625,7 +630,7 @@ def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seq
     _run(lib.forward,
          kvcache_forward_args(q, k_cache, v_cache, out, lse, softmax_scale, causal, counter,
                               (cache_seqlens, cache_batch_idx, cache_leftpad, num_splits), sinks,
-                              mask, page_table, append, workspace, scales),
+                              mask, page_table, append, workspace, scales, qv),
          _raw_stream(index), "forward")
     return out, lse
 
@@ -659,7 +664,7 @@ _KVCACHE_K_NEW = 12
 def _kvcache_forward_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale, causal,
                           num_splits, workspace, sinks=None, window_left=-1, window_right=-1, softcap=0.0, page_table=None,
                           k=None, v=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=False, q_descale=None,
-                          k_descale=None, v_descale=None):
+                          k_descale=None, v_descale=None, qv=None):
     return _forward_outputs(q, v_cache, _fixed_out_dtype(q))
 
 

@@ -22,6 +22,8 @@ FP8_HEAD_DIMS = tuple(_abi.FP8_BLOCK_SIZES)
 # (q and k's head dim, v's) where v's is its own (DeepSeek-V3's 192 / 128):
 # bfloat16 and float16, both passes.
 HEAD_DIM_PAIRS = ((192, 128),)
+# MLA's (qv): the rotary part's head dim (q, k_cache) and the latent part's (qv, v_cache, out).
+MLA_HEAD_DIMS = (64, 512)
 _E4M3 = torch.float8_e4m3fn
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -420,13 +422,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse) if return_attn_probs else out
 
 
-def _check_kv_cache(q, k_cache, v_cache):
+def _check_kv_cache(q, k_cache, v_cache, qv=None):
     """Devices, dtypes, shapes, head dims and GQA of q against the caches:
     q [batch, seqlen_q, heads_q, head_dim], the caches [batch_cache, max_len,
     heads_kv, head_dim (v: its head dim)], bfloat16, float16 or
-    float8_e4m3fn (FP8's head dims, no V head dim of its own)."""
+    float8_e4m3fn (FP8's head dims, no V head dim of its own); with qv
+    (MLA), qv [batch, seqlen_q, heads_q, v's head dim], bfloat16, at MLA's
+    head dims."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _check_tensor(name, t)
+    if qv is not None:
+        _check_mla(q, k_cache, v_cache, qv)
+        return
     if q.device.type not in ("cuda", "meta"):
         raise ValueError(f"q: must be a CUDA tensor (flash3 runs on Hopper GPUs), got device {q.device}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -441,6 +448,34 @@ def _check_kv_cache(q, k_cache, v_cache):
         _check_heads_and_dims(q, k_cache, v_cache, ("k_cache", "v_cache"), FP8_HEAD_DIMS, ())
     else:
         _check_heads_and_dims(q, k_cache, v_cache, ("k_cache", "v_cache"), HEAD_DIMS, HEAD_DIM_PAIRS)
+
+
+def _check_mla(q, k_cache, v_cache, qv):
+    """MLA's call (qv): bfloat16 tensors on q's device, q and k_cache of the
+    rotary part's head dim, v_cache and qv of the latent part's, qv of q's
+    batch, rows and heads."""
+    _check_tensor("qv", qv)
+    d, dv = MLA_HEAD_DIMS
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("qv", qv)):
+        if t.device != q.device:
+            raise ValueError(f"{name}: must be on q's device {q.device}, got {t.device}")
+        if t.dtype != torch.bfloat16:
+            raise ValueError(f"{name}: MLA (qv) runs in torch.bfloat16, got {t.dtype}")
+    if q.device.type not in ("cuda", "meta"):
+        raise ValueError(f"q: must be a CUDA tensor (flash3 runs on Hopper GPUs), got device {q.device}")
+    for name, t, want in (("q", q, d), ("k_cache", k_cache, d), ("v_cache", v_cache, dv), ("qv", qv, dv)):
+        if t.shape[-1] != want:
+            raise ValueError(f"{name}: MLA (qv) takes head dim {d} for q and k_cache and {dv} for v_cache and qv; "
+                             f"{name} has {t.shape[-1]}")
+    if qv.shape[:3] != q.shape[:3]:
+        raise ValueError(f"qv: must be [batch, seqlen_q, heads_q, {dv}] as q {tuple(q.shape[:3])}, got "
+                         f"{tuple(qv.shape)}")
+    if v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"v_cache: must match k_cache's first three dims {tuple(k_cache.shape[:3])}, got "
+                         f"{tuple(v_cache.shape)}")
+    heads_q, heads_kv = q.shape[2], k_cache.shape[2]
+    if heads_kv == 0 or heads_q % heads_kv != 0:
+        raise ValueError(f"k_cache: its heads ({heads_kv}) must divide q's ({heads_q})")
 
 
 def _kvcache_fp8_scales(q, k_cache, q_descale, k_descale, v_descale):
@@ -715,15 +750,29 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     Decoding packs each GQA group's query heads into one tile unless Q's
     descales are per query head.
 
-    rotary_seqlens, qv, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q,
+    MLA (multi-head latent attention, DeepSeek-V2/V3, absorbed form), as
+    FlashAttention-3's qv: qv [batch, seqlen_q, heads_q, 512] the queries'
+    latent part, q [.., 64] their rotary part, v_cache [.., 512] the latent
+    cache and k_cache [.., 64] its rotary keys (a FlashMLA-style cache of 576
+    columns is the views cache[..., :512] and cache[..., 512:]); scores
+    softmax_scale * (q k^T + qv v^T), softmax_scale None being 1/sqrt(576);
+    out [.., 512]. torch.bfloat16; the cache's forms, appends (k of 64, v of
+    512; rotary of q and k), splits, causal and window as above; no softcap
+    and no sinks (ValueError).
+
+    rotary_seqlens, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q,
     attention_chunk, pack_gqa and sm_margin are FlashAttention-3's; any value
     but the default raises NotImplementedError.
     """
-    _not_supported(qv=(qv, None), rotary_seqlens=(rotary_seqlens, None),
-                   cu_seqlens_q=(cu_seqlens_q, None),
+    _not_supported(rotary_seqlens=(rotary_seqlens, None), cu_seqlens_q=(cu_seqlens_q, None),
                    cu_seqlens_k_new=(cu_seqlens_k_new, None), max_seqlen_q=(max_seqlen_q, None),
                    attention_chunk=(attention_chunk, 0), pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
-    _check_kv_cache(q, k_cache, v_cache)
+    _check_kv_cache(q, k_cache, v_cache, qv)
+    if qv is not None:
+        if softcap:
+            raise ValueError("softcap: MLA (qv) has no softcapping")
+        if sinks is not None:
+            raise ValueError("sinks: MLA (qv) has no attention sinks")
     fp8 = q.dtype == torch.float8_e4m3fn
     if fp8:
         scales = _kvcache_fp8_scales(q, k_cache, q_descale, k_descale, v_descale)
@@ -762,11 +811,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         num_splits, workspace = _checked_scheduler_metadata(scheduler_metadata, num_splits, q.device)
     sinks = _checked_sinks(sinks, q)
     mask = _mask(window_size, causal, softcap)
-    softmax_scale = _checked_scale(softmax_scale, q)
+    # MLA's scores span both parts' head dims.
+    softmax_scale = _checked_scale(softmax_scale, q) if qv is None or softmax_scale is not None else sum(
+        MLA_HEAD_DIMS) ** -0.5
     cos, sin, interleaved = rotary or (None, None, False)
     out, lse = _ops.kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale,
-                                bool(causal), num_splits, workspace, sinks, *mask, page_table, k, v, cos, sin,
-                                interleaved, *scales)
+                            bool(causal), num_splits, workspace, sinks, *mask, page_table, k, v, cos, sin,
+                            interleaved, *scales, qv)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -138,7 +138,7 @@ constexpr Field kForwardArgs[] = {
            FLASH3_NESTED(ForwardArgs, fp8, kFp8Scales), FLASH3_NESTED(ForwardArgs, varlen, kVarlen),
     FLASH3_NESTED(ForwardArgs, options, kKernelOptions),
     FLASH3_FIELD(ForwardArgs, tile_counter),  FLASH3_FIELD(ForwardArgs, head_dim_v),
-    FLASH3_NESTED(ForwardArgs, kv_cache, kKvCache)};
+    FLASH3_NESTED(ForwardArgs, kv_cache, kKvCache), FLASH3_NESTED(ForwardArgs, qv, kTensorRef)};
 
 constexpr Field kBackwardArgs[] = {
     FLASH3_FIELD(BackwardArgs, dtype),           FLASH3_FIELD(BackwardArgs, batch),
@@ -193,7 +193,7 @@ static_assert(ends_at<KernelOptions>(offsetof(KernelOptions, warp_specialization
 static_assert(ends_at<Varlen>(offsetof(Varlen, total_k), sizeof(int64_t)));
 static_assert(ends_at<KvAppend>(offsetof(KvAppend, rotary_interleaved), sizeof(bool)));
 static_assert(ends_at<KvCache>(offsetof(KvCache, workspace_bytes), sizeof(size_t)));
-static_assert(ends_at<ForwardArgs>(offsetof(ForwardArgs, kv_cache), sizeof(KvCache)));
+static_assert(ends_at<ForwardArgs>(offsetof(ForwardArgs, qv), sizeof(ConstTensor)));
 static_assert(ends_at<BackwardArgs>(offsetof(BackwardArgs, head_dim_v), sizeof(int64_t)));
 static_assert(ends_at<QuantizeArgs>(offsetof(QuantizeArgs, seed), sizeof(uint64_t)));
 static_assert(ends_at<CombineArgs>(offsetof(CombineArgs, sinks), sizeof(const float*)));

@@ -43,15 +43,24 @@ inline Status sizes(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t h
 
 // The sizes and head dims of the attention passes: as sizes(), head dims
 // they are built for (V's 0, the same, or a pair's), and tile counts below 2^31.
+// latent: MLA's call (ForwardArgs::qv), whose head dims are kMlaHeadDims.
 inline Status attention_sizes(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q, int64_t heads_kv,
-                              int64_t head_dim, int64_t head_dim_v) {
+                              int64_t head_dim, int64_t head_dim_v, bool latent = false) {
   if (Status s = sizes(batch, seqlen_q, seqlen_k, heads_q, heads_kv); !s.ok()) return s;
-  if (!head_dim_supported(head_dim, false)) {
+  if (latent) {
+    if (!mla_head_dims(head_dim, head_dim_v)) {
+      return invalid("head_dim: MLA (qv) takes head_dim " + std::to_string(kMlaHeadDims.head_dim) +
+                     " and head_dim_v " + std::to_string(kMlaHeadDims.head_dim_v) + ", got " +
+                     std::to_string(head_dim) + " and " + std::to_string(head_dim_v));
+    }
+  } else if (!head_dim_supported(head_dim, false)) {
     return invalid("head_dim: must be " + head_dim_list(false) + ", got " + std::to_string(head_dim));
   }
-  if (!head_dim_v_supported(head_dim, head_dim_v)) {
+  if (!latent && !head_dim_v_supported(head_dim, head_dim_v)) {
     return invalid("head_dim_v: must be 0 (head_dim's), head_dim, or " + head_dim_pair_list() + "; got " +
-                   std::to_string(head_dim_v) + " with head_dim " + std::to_string(head_dim));
+                   std::to_string(head_dim_v) + " with head_dim " + std::to_string(head_dim) +
+                   " (" + std::to_string(kMlaHeadDims.head_dim_v) + " with head_dim " +
+                   std::to_string(kMlaHeadDims.head_dim) + " is MLA's, with qv)");
   }
   // (m_blocks * heads * batch) tiles are counted in 32 bits; 64 is the smallest
   // block M. blocks * heads_q < 2^25 * 2^31 fits in 64 bits, its product with

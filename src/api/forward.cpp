@@ -1,5 +1,6 @@
 // forward(): validate, return if there is nothing to compute, check the
-// device, then hand over to the instance compiled for the (dtype, head dims).
+// device, then hand over to MLA's kernels (qv) or the instance compiled for
+// the (dtype, head dims).
 #include <string>
 
 #include "api/device.h"
@@ -16,6 +17,13 @@ Status forward(ForwardArgs const& args, cudaStream_t stream) {
   }
   DeviceInfo device;
   if (Status s = query_device(device); !s.ok()) return s;
+  if (args.qv.data != nullptr) {
+#if FLASH3_MLA
+    return fwd::run_mla(args, device, stream);
+#else
+    return Status(Status::Code::kUnsupported, "qv: MLA's kernels are not compiled into this build (FLASH3_MLA off)");
+#endif
+  }
   int64_t const head_dim_v = head_dim_v_of(args);
 #define FLASH3_FWD_INSTANCE(DTYPE, HEAD_DIM, HEAD_DIM_V)                                         \
   if (args.dtype == DType::DTYPE && args.head_dim == HEAD_DIM && head_dim_v == HEAD_DIM_V) {      \

@@ -14,7 +14,8 @@ Status plan_kv_cache(ForwardArgs const& a, KvCachePlan* plan) {
   if (plan == nullptr) return checks::invalid("plan: null pointer");
   *plan = KvCachePlan{};
   if (Status s = checks::attention_sizes(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim,
-                                        a.head_dim_v);
+                                        a.head_dim_v,
+                                        a.qv.data != nullptr || mla_head_dims(a.head_dim, a.head_dim_v));
       !s.ok()) {
     return s;
   }

@@ -21,11 +21,15 @@ using checks::invalid;
 
 int64_t element_bytes(DType dtype) { return dtype == DType::kE4M3 ? 1 : 2; }
 
+// Whether a call is MLA's (ForwardArgs::qv; the backward has none).
+bool latent(ForwardArgs const& a) { return a.qv.data != nullptr; }
+bool latent(BackwardArgs const&) { return false; }
+
 // The sizes, head dim, scale and mask both passes share.
 template <class Args>
 Status check_problem(Args const& a) {
   if (Status s = checks::attention_sizes(a.batch, a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv, a.head_dim,
-                                        a.head_dim_v);
+                                        a.head_dim_v, latent(a));
       !s.ok()) {
     return s;
   }
@@ -243,6 +247,20 @@ Status check_kv_cache(ForwardArgs const& a) {
   return check_append(a);
 }
 
+// MLA (qv): its kernels' form of the call, a bf16 KV cache without softcap
+// or sinks (the head dims are attention_sizes'), and qv as q's latent part.
+Status check_mla(ForwardArgs const& a) {
+  if (a.qv.data == nullptr) return Status();
+  if (a.kv_cache.seqlens == nullptr) {
+    return Status(Status::Code::kUnsupported, "qv: MLA (qv) runs against a KV cache (kv_cache.seqlens)");
+  }
+  if (a.dtype != DType::kBF16) return Status(Status::Code::kUnsupported, "qv: MLA (qv) runs in kBF16");
+  if (a.softcap != 0.f) return Status(Status::Code::kUnsupported, "softcap: MLA (qv) has no softcapping");
+  if (a.sinks != nullptr) return Status(Status::Code::kUnsupported, "sinks: MLA (qv) has no attention sinks");
+  if (a.batch == 0 || a.seqlen_q == 0) return Status();
+  return checks::tensor("qv", a.qv, a.batch, a.seqlen_q, a.heads_q, a.head_dim_v, 2);
+}
+
 }  // namespace
 
 Status validate(ForwardArgs const& a) {
@@ -269,6 +287,7 @@ Status validate(ForwardArgs const& a) {
   bool const packed = a.varlen.cu_seqlens_q != nullptr;
   if (Status s = check_varlen(a); !s.ok()) return s;
   if (Status s = check_kv_cache(a); !s.ok()) return s;
+  if (Status s = check_mla(a); !s.ok()) return s;
   // A KV cache's K and V have entries of their own; a paged cache's are
   // pages of page_size rows.
   int64_t const kv_entries = a.kv_cache.seqlens != nullptr ? a.kv_cache.batch_cache : packed ? 1 : a.batch;

@@ -34,6 +34,16 @@ inline constexpr HeadDimPair kHeadDimPairs[] = {
 };
 #undef FLASH3_HEAD_DIM
 
+// MLA in its absorbed form (ForwardArgs::qv): Q and K hold the rotary part
+// (head_dim), V, Qv and O the latent part (head_dim_v), as DeepSeek-V2/V3's
+// 64 and 512.
+inline constexpr HeadDimPair kMlaHeadDims{64, 512};
+
+// Whether a call's head dims are MLA's (head_dim_v 0 is head_dim's).
+constexpr bool mla_head_dims(int64_t head_dim, int64_t head_dim_v) {
+  return head_dim == kMlaHeadDims.head_dim && head_dim_v == kMlaHeadDims.head_dim_v;
+}
+
 constexpr bool head_dim_supported(int64_t head_dim, bool fp8) {
   for (HeadDimSupport const& h : kHeadDims) {
     if (h.head_dim == head_dim && (h.fp8 || !fp8)) return true;

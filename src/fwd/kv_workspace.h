@@ -20,8 +20,10 @@
 
 namespace flash3::fwd {
 
-// The KV cache kernels' tiles (their traits' kTile).
+// The KV cache kernels' tiles (their traits' kTile), MLA's at its head dims
+// (which only a call with qv has; a plan may leave qv unset).
 inline TileSize kv_cache_tile(ForwardArgs const& a) {
+  if (mla_head_dims(a.head_dim, head_dim_v_of(a))) return kMlaTile;
   return tile_size(int(a.head_dim), int(head_dim_v_of(a)), a.dtype == DType::kE4M3, true);
 }
 

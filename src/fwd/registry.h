@@ -17,4 +17,7 @@ Status run_forward_instance(ForwardArgs const& a, DeviceInfo const& device, cuda
 template <DType kDType, int kHeadDim, int kHeadDimV>
 Status run_kv_cache_instance(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream);
 
+// An MLA call (ForwardArgs::qv): fwd/mla.cu, in builds with FLASH3_MLA.
+Status run_mla(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream);
+
 }  // namespace flash3::fwd

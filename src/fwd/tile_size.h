@@ -58,6 +58,12 @@ constexpr TileSize tile_size(int head_dim, int head_dim_v, bool fp8, bool extra_
   }
 }
 
+// MLA's kernel (ForwardArgs::qv, fwd/mla_traits.h): 64 query rows, whose O
+// of 512 columns two consumer warpgroups split between them, and 64 keys a
+// block: Q and Qv (72 KB), two stages of K and V (144 KB) and P (8 KB) fill
+// shared memory.
+inline constexpr TileSize kMlaTile{64, 64, 2};
+
 // FP8's per-block scales (fp8_block_sizes): Q's rows per scale are block M
 // and a K/V scale block is block N, both masks' kernels having the same tiles.
 struct Fp8ScaleBlocks {

@@ -1366,6 +1366,20 @@ def _rotary_tables(seqlen_ro, rotary_dim, dtype):
     return angle.cos().to(dtype), angle.sin().to(dtype)
 
 
+def _scattered_pages(seqlens, seqlen_new, page_size, capacity, seed):
+    """(pages, table): a pool of pages for entries of seqlens + seqlen_new keys, each entry's pages
+    in random order, 3 spare, and the int32 [batch, capacity // page_size] table (-1 past an entry's)."""
+    batch = len(seqlens)
+    owned = [-(-(n + seqlen_new) // page_size) for n in seqlens]
+    pages = sum(owned) + 3
+    order = torch.randperm(pages, generator=torch.Generator().manual_seed(seed)).tolist()
+    table = torch.full((batch, capacity // page_size), -1, dtype=torch.int32)
+    for b in range(batch):
+        table[b, :owned[b]] = torch.tensor(order[:owned[b]], dtype=torch.int32)
+        order = order[owned[b]:]
+    return pages, table
+
+
 def _check_append(seqlens, seqlen_new, seqlen_q=1, capacity=512, page_size=0, hq=8, hkv=2, d=128, dtype=BF16,
                   rotary_dim=0, interleaved=True, causal=False, window=(-1, -1), permute=False, pad=False,
                   num_splits=0, seed=0):
@@ -1378,14 +1392,7 @@ def _check_append(seqlens, seqlen_new, seqlen_q=1, capacity=512, page_size=0, hq
     batch = len(seqlens)
     rnd = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype, generator=g)  # noqa: E731
     if page_size:
-        columns = capacity // page_size
-        owned = [-(-(n + seqlen_new) // page_size) for n in seqlens]
-        pages = sum(owned) + 3
-        order = torch.randperm(pages, generator=torch.Generator().manual_seed(seed)).tolist()
-        table = torch.full((batch, columns), -1, dtype=torch.int32)
-        for b in range(batch):
-            table[b, :owned[b]] = torch.tensor(order[:owned[b]], dtype=torch.int32)
-            order = order[owned[b]:]
+        pages, table = _scattered_pages(seqlens, seqlen_new, page_size, capacity, seed)
         k_cache, v_cache = rnd(pages, page_size, hkv, d), rnd(pages, page_size, hkv, d)
         row_of = lambda b, j: int(table[b, j // page_size]) * page_size + j % page_size  # noqa: E731
         extra = dict(page_table=table.cuda())
@@ -1478,3 +1485,96 @@ def test_append_kvcache_head_dims_fp16_mqa(gpu, head_dim):
         _check_append([0, 31, 400], 2, page_size=32, d=head_dim, rotary_dim=32, interleaved=True)
         _check_append([0, 100, 250], 5, seqlen_q=5, hq=16, hkv=1, d=head_dim, dtype=FP16, rotary_dim=32,
                       causal=True)
+
+
+# ---- MLA (qv) -------------------------------------------------------------------
+
+
+def _check_mla(seqlens, seqlen_q=1, hq=16, hkv=1, capacity=1024, page_size=0, seqlen_new=0, rotary_dim=0,
+               causal=False, window=(-1, -1), wide=False, pad=False, num_splits=0, seed=0):
+    """MLA's call (qv) against the float64 reference of attention with the
+    rotary and latent parts concatenated (q|qv against k|v, values v), over
+    each entry's keys read back from the cache. The cache is contiguous
+    (page_size 0; wide: one [.., 576] tensor, latent then rotary, as
+    FlashMLA's, given as its two views) or paged (pages scattered in random
+    order); seqlen_new rows appended first (rotary_dim: the new keys and q
+    rotated, checked here on the rotated values)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    d, dv = interface.MLA_HEAD_DIMS
+    batch = len(seqlens)
+    rnd = lambda *shape: torch.randn(*shape, device="cuda", dtype=BF16, generator=g)  # noqa: E731
+    extra = {}
+    if page_size:
+        entries, table = _scattered_pages(seqlens, seqlen_new, page_size, capacity, seed)
+        rows_per_entry = page_size
+        row_of = lambda b, j: int(table[b, j // page_size]) * page_size + j % page_size  # noqa: E731
+        extra["page_table"] = table.cuda()
+    else:
+        entries, rows_per_entry = batch, capacity
+        row_of = lambda b, j: b * capacity + j  # noqa: E731
+        if pad:
+            extra["cache_leftpad"] = torch.tensor([min(n, 13 * b % 37) for b, n in enumerate(seqlens)],
+                                                  dtype=torch.int32, device="cuda")
+    if wide:
+        cache = rnd(entries, rows_per_entry, hkv, dv + d)
+        v_cache, k_cache = cache[..., :dv], cache[..., dv:]
+    else:
+        k_cache, v_cache = rnd(entries, rows_per_entry, hkv, d), rnd(entries, rows_per_entry, hkv, dv)
+    q, qv = rnd(batch, seqlen_q, hq, d), rnd(batch, seqlen_q, hq, dv)
+    lens = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    new = ()
+    if seqlen_new:
+        new = (rnd(batch, seqlen_new, hkv, d), rnd(batch, seqlen_new, hkv, dv))
+    if rotary_dim:
+        cos, sin = _rotary_tables(capacity, rotary_dim, BF16)
+        extra.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=False)
+    out, lse = flash3.flash_attn_with_kvcache(q, k_cache, v_cache, *new, qv=qv, cache_seqlens=lens, causal=causal,
+                                              window_size=window, num_splits=num_splits, return_softmax_lse=True,
+                                              **extra)
+    assert out.shape == (batch, seqlen_q, hq, dv) and out.dtype == BF16
+    if seqlen_new:
+        rows = torch.tensor([[row_of(b, seqlens[b] + j) for j in range(seqlen_new)] for b in range(batch)],
+                            device="cuda")
+        assert torch.equal(v_cache.reshape(-1, hkv, dv)[rows], new[1]), "appended latent rows"
+    q_ref = q
+    if rotary_dim:
+        per_row = causal or window != (-1, -1)
+        pos = lens[:, None].long() + (torch.arange(seqlen_q, device="cuda") if per_row else 0)
+        q_ref = _rotate(q.float(), cos.float()[pos][:, :, None], sin.float()[pos][:, :, None], False).to(BF16)
+    scale = (d + dv) ** -0.5
+    for b in range(batch):
+        first = int(extra["cache_leftpad"][b]) if "cache_leftpad" in extra else 0
+        keys = torch.tensor([row_of(b, j) for j in range(first, seqlens[b] + seqlen_new)], dtype=torch.long,
+                            device="cuda")
+        kb, vb = k_cache.reshape(-1, hkv, d)[keys][None], v_cache.reshape(-1, hkv, dv)[keys][None]
+        qb, kcat = torch.cat((q_ref[b:b + 1], qv[b:b + 1]), -1), torch.cat((kb, vb), -1)
+        ref, ref_lse = reference(qb, kcat, vb, causal, scale, None, window, 0.0)
+        low = straightforward(qb, kcat, vb, causal, scale, None, window, 0.0)
+        check_output(f"out[{b}]", out[b:b + 1], ref, low)
+        check_lse(lse[b:b + 1], ref_lse)
+
+
+@pytest.mark.parametrize("num_splits", [1, 0, 3])
+@pytest.mark.parametrize("hq", [16, 128])
+def test_mla_decoding(gpu, hq, num_splits):
+    _check_mla(_CACHE_LENS, hq=hq, num_splits=num_splits, seed=hq)
+    _check_mla([5, 700], hq=hq, wide=True, pad=True, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_mla_paged(gpu, page_size, num_splits):
+    _check_mla(_page_edges(page_size, 1024 // page_size), page_size=page_size, num_splits=num_splits, seed=page_size)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("seqlen_q,causal,window", [(2, True, (-1, -1)), (70, True, (-1, -1)), (3, False, (40, -1))])
+def test_mla_query_rows_and_masks(gpu, seqlen_q, causal, window, num_splits):
+    _check_mla([seqlen_q, 100, 1000], seqlen_q=seqlen_q, hq=8, causal=causal, window=window, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_mla_append_with_rotary(gpu, num_splits):
+    _check_mla([0, 63, 500], seqlen_new=1, rotary_dim=64, num_splits=num_splits)
+    _check_mla([0, 63, 500], seqlen_q=2, seqlen_new=2, rotary_dim=32, page_size=64, causal=True,
+               num_splits=num_splits)

@@ -546,7 +546,6 @@ def _bad_kvcache_calls():
     f = flash3.flash_attn_with_kvcache
     i32 = torch.int32
     later = [(name, {name: value}) for name, value in (
-        ("qv", meta(2, 1, 8, 128)),
         ("cu_seqlens_q", meta(3, dtype=i32)), ("max_seqlen_q", 1), ("rotary_seqlens", meta(2, dtype=i32)),
         ("attention_chunk", 64), ("pack_gqa", True), ("sm_margin", 4))]
     plan = meta(4, 64, dtype=torch.uint8)
@@ -600,6 +599,34 @@ def _bad_kvcache_calls():
         ("kvcache sinks", lambda: f(q, kc, vc, sinks=meta(2)), ValueError, "sinks: must have shape (8,)"),
         *_bad_paged_calls(),
         *_bad_append_calls(),
+        *_bad_mla_calls(),
+    ]
+
+
+def mla(b=2, sq=1, hq=16, hkv=1, max_len=300, dtype=BF16):
+    """q, k_cache, v_cache, qv of an MLA call on meta (the rotary part 64, the latent 512)."""
+    return (meta(b, sq, hq, 64, dtype=dtype), meta(3, max_len, hkv, 64, dtype=dtype),
+            meta(3, max_len, hkv, 512, dtype=dtype), meta(b, sq, hq, 512, dtype=dtype))
+
+
+def _bad_mla_calls():
+    q, kc, vc, qv = mla()
+    f = flash3.flash_attn_with_kvcache
+    return [
+        ("mla dtype", lambda: f(*mla(dtype=torch.float16)[:3], qv=mla(dtype=torch.float16)[3]), ValueError,
+         "q: MLA (qv) runs in torch.bfloat16"),
+        ("mla qv dtype", lambda: f(q, kc, vc, qv=qv.half()), ValueError, "qv: MLA (qv) runs in torch.bfloat16"),
+        ("mla q head dim", lambda: f(meta(2, 1, 16, 128), kc, vc, qv=qv), ValueError, "q: MLA (qv) takes head dim 64"),
+        ("mla v head dim", lambda: f(q, kc, meta(3, 300, 1, 256), qv=qv), ValueError, "v_cache: MLA (qv) takes"),
+        ("mla qv shape", lambda: f(q, kc, vc, qv=meta(2, 1, 8, 512)), ValueError, "qv: must be [batch"),
+        ("mla qv dims", lambda: f(q, kc, vc, qv=meta(2, 16, 512)), ValueError, "qv: must have 4 dims"),
+        ("mla v rows", lambda: f(q, kc, meta(3, 299, 1, 512), qv=qv), ValueError, "v_cache: must match k_cache"),
+        ("mla gqa", lambda: f(meta(2, 1, 15, 64), meta(3, 300, 2, 64), meta(3, 300, 2, 512),
+                              qv=meta(2, 1, 15, 512)), ValueError, "k_cache: its heads (2) must divide"),
+        ("mla softcap", lambda: f(q, kc, vc, qv=qv, softcap=5.0), ValueError, "softcap: MLA (qv)"),
+        ("mla sinks", lambda: f(q, kc, vc, qv=qv, sinks=meta(16, dtype=torch.float32)), ValueError, "sinks: MLA (qv)"),
+        ("mla device", lambda: f(q, kc, vc, qv=torch.empty(2, 1, 16, 512, dtype=BF16)), ValueError,
+         "qv: must be on q's device"),
     ]
 
 
@@ -701,6 +728,21 @@ def test_kvcache_shapes_on_meta(sq, dims):
                                               window_size=(10, 0), softcap=5.0, num_splits=3,
                                               return_softmax_lse=True, sinks=meta(8, dtype=torch.float32))
     assert out.shape == (2, sq, 8, dv or d) and lse.shape == (2, 8, sq) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("sq", [1, 3])
+def test_mla_kvcache_shapes_on_meta(sq):
+    """MLA (qv): O has the latent part's 512 columns; appends of k (64) and v (512), pages, splits."""
+    q, kc, vc, qv = mla(sq=sq)
+    out, lse = flash3.flash_attn_with_kvcache(q, kc, vc, qv=qv, cache_seqlens=7, return_softmax_lse=True)
+    assert out.shape == (2, sq, 16, 512) and out.dtype == BF16 and lse.shape == (2, 16, sq)
+    out = flash3.flash_attn_with_kvcache(q, kc, vc, meta(2, 2, 1, 64), meta(2, 2, 1, 512), qv=qv,
+                                         rotary_cos=meta(300, 32), rotary_sin=meta(300, 32), cache_seqlens=5,
+                                         causal=True, num_splits=4)
+    assert out.shape == (2, sq, 16, 512)
+    pool_k, pool_v = meta(10, 64, 1, 64), meta(10, 64, 1, 512)
+    out = flash3.flash_attn_with_kvcache(q, pool_k, pool_v, qv=qv, page_table=meta(2, 5, dtype=torch.int32))
+    assert out.shape == (2, sq, 16, 512)
 
 
 @pytest.mark.parametrize("descales", ["none", "tensor", "kv_head", "head"])

@@ -1,0 +1,412 @@
+// The MLA kernel (ForwardArgs::qv): one CTA per tile of 64 query rows (with
+// decoding's packed GQA, 64 query heads of one token) and, split-KV, per
+// split of its key blocks.
+//
+//   warpgroup 0   producer(): Q and Qv once, then K_j and V_j of each key
+//                 block into a circular buffer of two stages (warp 0)
+//   warpgroup 1   softmax_consumer(): S = Q K_j^T + Qv V_j^T, the mask, the
+//                 online softmax; P and the rows' rescale factors to shared
+//                 memory; O[:, :256] += P V_j[:, :256] (P from registers)
+//   warpgroup 2   value_consumer(): O[:, 256:] += P V_j[:, 256:] (P from
+//                 shared memory), rescaled by warpgroup 1's factors
+// The second warpgroup's GEMM of block j runs while the first computes S of
+// block j + 1. Then O / l and the LSE out, from registers (decoding writes
+// few rows), as bf16 O or split-KV's float32 partials.
+#pragma once
+
+#include <cmath>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "common/kv_cache.h"
+#include "common/layout.h"
+#include "common/mask.h"
+#include "fwd/block_range.h"
+#include "fwd/kv_boxes.h"
+#include "fwd/kv_split.h"
+#include "fwd/mask.h"
+#include "fwd/mla_traits.h"
+#include "fwd/softmax.h"
+
+namespace flash3::fwd {
+
+template <class Traits>
+struct MlaKernel {
+  using Element = typename Traits::Element;
+  using SharedStorage = typename Traits::SharedStorage;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kHeadDimV = Traits::kHeadDimV;
+  static constexpr int kHalfV = Traits::kHalfV;
+  static constexpr int kNumThreads = Traits::kNumThreads;
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  using PipelineQ = typename Traits::PipelineQ;
+  using PipelineKV = typename Traits::PipelineKV;
+  using KVState = typename PipelineKV::PipelineState;
+
+  using GmemTensor = typename Traits::template GmemTensor<kHeadDim>;
+  using GmemTensorV = typename Traits::template GmemTensor<kHeadDimV>;
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, typename Traits::SmemLayoutQ{},
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaQv = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorV{}, typename Traits::SmemLayoutQv{},
+                                       Shape<Int<kBlockM>, Int<kHeadDimV>>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(typename Traits::SmemLayoutK{}),
+                                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorV{}, take<0, 2>(typename Traits::SmemLayoutV{}),
+                                      Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
+  using TmaKBox = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, typename Traits::SmemLayoutKBox{},
+                                         BoxShape<kHeadDim>{}, _1{}));
+  using TmaVBox = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorV{}, typename Traits::SmemLayoutVBox{},
+                                         BoxShape<kHeadDimV>{}, _1{}));
+
+  struct Params {
+    TmaQ tma_q;
+    TmaQv tma_qv;
+    TmaK tma_k;
+    TmaV tma_v;
+    TmaKBox tma_k_box;  // a paged cache's boxes
+    TmaVBox tma_v_box;
+    typename Traits::template GmemShapeOf<kHeadDim> shape_q;
+    typename Traits::template GmemShapeOf<kHeadDimV> shape_qv;
+    typename Traits::template GmemShapeOf<kHeadDim> shape_k;
+    typename Traits::template GmemShapeOf<kHeadDimV> shape_v;
+    int m_blocks;    // tiles of each (batch, head)
+    int heads;       // query heads (with packed GQA: KV heads)
+    int head_group;  // query heads a KV head serves
+    int seqlen_q;
+    KvCacheMap cache;
+    int num_splits;
+    Window window;     // the mask, causal as window_right 0
+    float scale_log2;  // softmax_scale * log2(e)
+    // O (bf16, [batch, seqlen_q, heads, 512]) and the LSE ([batch, heads,
+    // seqlen_q]), or split-KV's float32 partials O [splits, batch, heads,
+    // seqlen_q, 512] and LSE [splits, batch, heads, seqlen_q].
+    void* o;
+    int64_t o_batch_stride;
+    int64_t o_seq_stride;
+    int64_t o_head_stride;
+    float* lse;
+    int batch;
+
+    CUTE_DEVICE MaskPolicy mask_policy(int b) const {
+      return MaskPolicy{seqlen_q, cache.keys(b), false, window.left, window.right};
+    }
+  };
+
+  struct Tile {
+    int m_block;
+    int head;
+    int batch;
+    int split;
+  };
+
+  CUTE_DEVICE static Tile tile_of(Params const& p) {
+    int const x = blockIdx.x;
+    int const rest = x / p.m_blocks;
+    return {x % p.m_blocks, rest % p.heads, rest / p.heads, int(blockIdx.y)};
+  }
+
+  // The key blocks the tile walks: its rows' under the mask, and split-KV's
+  // run of them (producer and consumers alike).
+  CUTE_DEVICE static BlockRange range_of(Params const& p, Tile t) {
+    BlockRange const range = block_range(p.mask_policy(t.batch), t.m_block, kBlockM, kBlockN);
+    if constexpr (Traits::kSplit) return split_block_range(range, t.split, p.num_splits);
+    return range;
+  }
+
+  CUTE_DEVICE static void run(Params const& p, char* smem_buf) {
+    SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
+    int const warp_group = cutlass::canonical_warp_group_idx();
+    if (threadIdx.x == 0) {
+      cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_qv.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.cache.paged() ? p.tma_k_box.get_tma_descriptor() : p.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.cache.paged() ? p.tma_v_box.get_tma_descriptor() : p.tma_v.get_tma_descriptor());
+    }
+    PipelineQ pipeline_q(smem.pipeline_q, pipeline_params<PipelineQ>(warp_group, Traits::kQBytes), Shape<_1, _1, _1>{});
+    PipelineKV pipeline_kv(smem.pipeline_kv, pipeline_params<PipelineKV>(warp_group, Traits::kKVBytes),
+                           Shape<_1, _1, _1>{});
+    __syncthreads();  // barriers initialised before anyone waits on them
+    // Each role computes its tile after setmaxnreg: values held across it
+    // go to the stack.
+    if (warp_group == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+      if (cutlass::canonical_warp_idx_sync() == 0) producer(p, smem, pipeline_q, pipeline_kv);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+      if (warp_group == 1) {
+        softmax_consumer(p, smem, pipeline_q, pipeline_kv);
+      } else {
+        value_consumer(p, smem, pipeline_kv);
+      }
+    }
+  }
+
+  // Warpgroup 0 loads (thread 0 sets each stage's byte count), the
+  // consumers' 256 threads release.
+  template <class Pipeline>
+  CUTE_DEVICE static typename Pipeline::Params pipeline_params(int warp_group, uint32_t bytes) {
+    typename Pipeline::Params params;
+    params.transaction_bytes = bytes;
+    params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    params.is_leader = threadIdx.x == 0;
+    params.num_consumers = Traits::kNumConsumerThreads;
+    return params;
+  }
+
+  // ---------------------------------------------------------------- producer
+  // Q and Qv, then the key blocks from the last to the first (the masked
+  // ones first, as the consumers walk them). A tile with no key block loads
+  // nothing, and its consumers wait for nothing.
+  CUTE_DEVICE static void producer(Params const& p, SharedStorage& smem, PipelineQ& pipeline_q,
+                                   PipelineKV& pipeline_kv) {
+    Tile const tile = tile_of(p);
+    BlockRange const range = range_of(p, tile);
+    if (range.empty()) return;
+    bool const leader = cute::elect_one_sync();
+    auto write_q = cutlass::make_producer_start_state<PipelineQ>();
+    pipeline_q.producer_acquire(write_q);
+    if (leader) {
+      auto* barrier = pipeline_q.producer_get_barrier(write_q);
+      load_rows(p.tma_q, p.shape_q, smem.q.data(), typename Traits::SmemLayoutQ{}, *barrier, tile);
+      load_rows(p.tma_qv, p.shape_qv, smem.qv.data(), typename Traits::SmemLayoutQv{}, *barrier, tile);
+    }
+    int const head_kv = tile.head / p.head_group;
+    bool const paged = p.cache.paged();
+    KVState write = cutlass::make_producer_start_state<PipelineKV>();
+    for (int n_block = range.n_block_max - 1; n_block >= range.n_block_min; --n_block) {
+      pipeline_kv.producer_acquire(write);
+      if (leader) {
+        auto& barrier = *pipeline_kv.producer_get_barrier(write);
+        if (paged) {
+          load_paged_block<kBlockN>(p.tma_k_box, p.shape_k, smem.k.data(), typename Traits::SmemLayoutK{}, barrier,
+                                    write.index(), p.cache, tile.batch, head_kv, n_block);
+          load_paged_block<kBlockN>(p.tma_v_box, p.shape_v, smem.v.data(), typename Traits::SmemLayoutV{}, barrier,
+                                    write.index(), p.cache, tile.batch, head_kv, n_block);
+        } else {
+          load_block(p, p.tma_k, p.shape_k, smem.k.data(), typename Traits::SmemLayoutK{}, barrier, write.index(),
+                     tile.batch, head_kv, n_block);
+          load_block(p, p.tma_v, p.shape_v, smem.v.data(), typename Traits::SmemLayoutV{}, barrier, write.index(),
+                     tile.batch, head_kv, n_block);
+        }
+      }
+      ++write;
+    }
+  }
+
+  // The tile's query rows of Q or Qv (rows past the sequence load as zeros).
+  template <class Tma, class GShape, class Layout, class Barrier>
+  CUTE_DEVICE static void load_rows(Tma const& tma, GShape const& shape, Element* buffer, Layout layout,
+                                    Barrier& barrier, Tile tile) {
+    Tensor g = local_tile(tma.get_tma_tensor(shape)(_, _, tile.head, tile.batch),
+                          make_shape(Int<kBlockM>{}, get<1>(shape)), make_coord(tile.m_block, _0{}));
+    auto slice = tma.get_slice(_0{});
+    copy(tma.with(barrier), slice.partition_S(g), slice.partition_D(make_tensor(make_smem_ptr(buffer), layout)));
+  }
+
+  // Key block n_block of a contiguous cache: the entry's cache row, from its
+  // first key (leftpad); rows past its keys are read and masked.
+  template <class Tma, class GShape, class Layout, class Barrier>
+  CUTE_DEVICE static void load_block(Params const& p, Tma const& tma, GShape const& shape, Element* buffer,
+                                     Layout layout, Barrier& barrier, int stage, int batch, int head_kv, int n_block) {
+    Tensor g = local_tile(domain_offset(make_coord(p.cache.first_key(batch), _0{}),
+                                        tma.get_tma_tensor(shape)(_, _, head_kv, p.cache.kv_batch(batch))),
+                          make_shape(Int<kBlockN>{}, get<1>(shape)), make_coord(n_block, _0{}));
+    Tensor s = make_tensor(make_smem_ptr(buffer), layout);  // (N, d, stages)
+    auto slice = tma.get_slice(_0{});
+    copy(tma.with(barrier), slice.partition_S(g), slice.partition_D(s)(_, _, _, stage));
+  }
+
+  // --------------------------------------------------------------- consumers
+  CUTE_DEVICE static int consumer_thread() { return threadIdx.x % cutlass::NumThreadsPerWarpGroup; }
+  static constexpr int kPairThreads = Traits::kNumConsumerThreads;  // both consumer warpgroups meet at a barrier
+  CUTE_DEVICE static void sync(MlaBarrier b) { cutlass::arch::NamedBarrier::sync(kPairThreads, uint32_t(b)); }
+  CUTE_DEVICE static void arrive(MlaBarrier b) { cutlass::arch::NamedBarrier::arrive(kPairThreads, uint32_t(b)); }
+
+  // The tile rows a thread's accumulator rows are (the same in both
+  // consumers' accumulators: a thread's rows depend on its index only).
+  CUTE_DEVICE static void rows_of(int (&rows)[2]) {
+    Tensor coords = typename Traits::TiledMmaS{}.get_thread_slice(consumer_thread()).partition_C(
+        make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor rc = make_tensor(coords.data(), accumulator_rowcol(coords.layout()));
+    rows[0] = get<0>(rc(0, 0));
+    rows[1] = get<0>(rc(1, 0));
+  }
+
+  // Warpgroup 1 (the first consumer): S, the softmax, P; its half of O.
+  CUTE_DEVICE static void softmax_consumer(Params const& p, SharedStorage& smem, PipelineQ& pipeline_q,
+                                           PipelineKV& pipeline_kv) {
+    Tile const tile = tile_of(p);
+    BlockRange const range = range_of(p, tile);
+    int const t = consumer_thread();
+    typename Traits::TiledMmaS mma_s;
+    typename Traits::TiledMmaORS mma_o;
+    auto thr_s = mma_s.get_thread_slice(t);
+    auto thr_o = mma_o.get_thread_slice(t);
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sQv = make_tensor(make_smem_ptr(smem.qv.data()), typename Traits::SmemLayoutQv{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});
+    Tensor sP = make_tensor(make_smem_ptr(smem.p.data()), typename Traits::SmemLayoutP{});
+    Tensor tSrQ = thr_s.partition_fragment_A(sQ);
+    Tensor tSrQv = thr_s.partition_fragment_A(sQv);
+    Tensor tSrK = thr_s.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_K, stages)
+    Tensor tSrV = thr_s.partition_fragment_B(sV);
+    Tensor tOrV = thr_o.partition_fragment_B(value_half<0>(smem));
+    Tensor tPsP = thr_s.partition_C(sP);  // P's elements where this thread holds them in S
+    Tensor tOrO = partition_fragment_C(mma_o, Shape<_64, Int<kHalfV>>{});
+    clear(tOrO);
+    OnlineSoftmax<2> softmax;
+    int rows[2];
+    rows_of(rows);
+    MaskPolicy const mask = p.mask_policy(tile.batch);
+    int const last_row = tile.m_block * kBlockM + kBlockM - 1;
+    int const masked_below = mask.key_blocks_masked_below(last_row, kBlockN);
+    using MaskT = Mask<true, kBlockM, kBlockN, typename Traits::TiledMmaS>;
+
+    KVState read;
+    if (!range.empty()) pipeline_q.consumer_wait(typename PipelineQ::PipelineState{});
+    for (int n_block = range.n_block_max - 1; n_block >= range.n_block_min; --n_block) {
+      Tensor tSrS = partition_fragment_C(mma_s, Shape<_64, Int<kBlockN>>{});
+      pipeline_kv.consumer_wait(read);
+      int const stage = read.index();
+      warpgroup_gemm</*kZeroInit=*/true>(mma_s, tSrQ, tSrK(_, _, _, stage), tSrS);
+      warpgroup_gemm</*kZeroInit=*/false>(mma_s, tSrQv, tSrV(_, _, _, stage), tSrS);
+      warpgroup_wait<0>();
+      if (n_block >= range.n_block_mask || n_block < masked_below) {
+        MaskT::apply(mask, 0, tSrS, tile.m_block, n_block, t);
+      }
+      float o_scale[2];
+      softmax.step(tSrS, o_scale, p.scale_log2);
+      // P to shared memory once warpgroup 1 has read the previous block's.
+      if (n_block != range.n_block_max - 1) sync(MlaBarrier::kPEmpty);
+      Tensor rP = convert_fragment<Element>(tSrS);
+      CUTE_UNROLL
+      for (int i = 0; i < size(rP); ++i) tPsP(i) = rP(i);
+      share_row_scale(smem, rows, o_scale);
+      cutlass::arch::fence_view_async_shared();  // P is read by a GEMM (the async proxy)
+      arrive(MlaBarrier::kPFull);
+      rescale_rows(tOrO, o_scale);
+      Tensor tOrP = make_tensor(rP.data(), accumulator_as_operand_a(rP.layout()));
+      warpgroup_gemm</*kZeroInit=*/false>(mma_o, tOrP, tOrV(_, _, _, stage), tOrO);
+      warpgroup_wait<0>();
+      pipeline_kv.consumer_release(read);
+      ++read;
+    }
+    // O / l and the LSE; warpgroup 1 gets 1 / l once it has read the last
+    // block's factors.
+    float o_scale[2], lse[2];
+    softmax.finalize(o_scale, lse, -INFINITY);
+    if (!range.empty()) sync(MlaBarrier::kPEmpty);
+    share_row_scale(smem, rows, o_scale);
+    arrive(MlaBarrier::kPFull);
+    rescale_rows(tOrO, o_scale);
+    store(p, tile, tOrO, 0, rows, lse);
+  }
+
+  // Warpgroup 2 (the second consumer): the other half of O.
+  CUTE_DEVICE static void value_consumer(Params const& p, SharedStorage& smem, PipelineKV& pipeline_kv) {
+    Tile const tile = tile_of(p);
+    BlockRange const range = range_of(p, tile);
+    int const t = consumer_thread();
+    typename Traits::TiledMmaOSS mma_o;
+    auto thr_o = mma_o.get_thread_slice(t);
+    Tensor sP = make_tensor(make_smem_ptr(smem.p.data()), typename Traits::SmemLayoutP{});
+    Tensor tOrP = thr_o.partition_fragment_A(sP);
+    Tensor tOrV = thr_o.partition_fragment_B(value_half<1>(smem));
+    Tensor tOrO = partition_fragment_C(mma_o, Shape<_64, Int<kHalfV>>{});
+    clear(tOrO);
+    int rows[2];
+    rows_of(rows);
+    float o_scale[2];
+    KVState read;
+    for (int n_block = range.n_block_max - 1; n_block >= range.n_block_min; --n_block) {
+      pipeline_kv.consumer_wait(read);
+      sync(MlaBarrier::kPFull);
+      read_row_scale(smem, rows, o_scale);
+      rescale_rows(tOrO, o_scale);
+      warpgroup_gemm</*kZeroInit=*/false>(mma_o, tOrP, tOrV(_, _, _, read.index()), tOrO);
+      warpgroup_wait<0>();
+      arrive(MlaBarrier::kPEmpty);
+      pipeline_kv.consumer_release(read);
+      ++read;
+    }
+    sync(MlaBarrier::kPFull);
+    read_row_scale(smem, rows, o_scale);
+    rescale_rows(tOrO, o_scale);
+    float const no_lse[2] = {0.f, 0.f};
+    store(p, tile, tOrO, 1, rows, no_lse);
+  }
+
+  // Half h of V^T's columns, (256, N, stages): warpgroup h's part of PV.
+  template <int kHalf>
+  CUTE_DEVICE static auto value_half(SharedStorage& smem) {
+    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});
+    return local_tile(sVt, Shape<Int<kHalfV>, Int<kBlockN>, Int<Traits::kStages>>{}, make_coord(Int<kHalf>{}, _0{}, _0{}));
+  }
+
+  // The four threads of a quad hold the same rows; the first writes.
+  CUTE_DEVICE static void share_row_scale(SharedStorage& smem, int const (&rows)[2], float const (&scale)[2]) {
+    if (consumer_thread() % 4 == 0) {
+      smem.row_scale[rows[0]] = scale[0];
+      smem.row_scale[rows[1]] = scale[1];
+    }
+  }
+  CUTE_DEVICE static void read_row_scale(SharedStorage& smem, int const (&rows)[2], float (&scale)[2]) {
+    scale[0] = smem.row_scale[rows[0]];
+    scale[1] = smem.row_scale[rows[1]];
+  }
+
+  // ---------------------------------------------------------------- epilogue
+  // Half `half` of O's columns (and, from warpgroup 1, the LSE) from
+  // registers, two adjacent columns a store: bf16 O, or split-KV's float32
+  // partial O and LSE (-inf for a row that saw no key of its split: no
+  // weight in the combine). Rows past seqlen_q are not stored.
+  template <class FragO>
+  CUTE_DEVICE static void store(Params const& p, Tile tile, FragO const& tOrO, int half, int const (&rows)[2],
+                                float const (&lse)[2]) {
+    Tensor coords = typename Traits::TiledMmaOSS{}.get_thread_slice(consumer_thread()).partition_C(
+        make_identity_tensor(Shape<_64, Int<kHalfV>>{}));
+    Tensor rc = make_tensor(coords.data(), accumulator_rowcol(coords.layout()));
+    Tensor o = make_tensor(tOrO.data(), accumulator_rowcol(tOrO.layout()));
+    int64_t const rows_before = (int64_t(tile.batch) * p.heads + tile.head) * p.seqlen_q;  // of (batch, head)
+    int64_t const split_rows = int64_t(tile.split) * p.batch * p.heads * p.seqlen_q;
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      int const row = tile.m_block * kBlockM + rows[r];
+      if (row >= p.seqlen_q) continue;
+      if constexpr (Traits::kSplit) {
+        float* o_row = static_cast<float*>(p.o) + (split_rows + rows_before + row) * kHeadDimV + half * kHalfV;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(o); c += 2) {
+          *reinterpret_cast<float2*>(o_row + get<1>(rc(r, c))) = make_float2(o(r, c), o(r, c + 1));
+        }
+        if (half == 0 && consumer_thread() % 4 == 0) {
+          p.lse[split_rows + rows_before + row] = lse[r] == INFINITY ? -INFINITY : lse[r];
+        }
+      } else {
+        Element* o_row = static_cast<Element*>(p.o) + tile.batch * p.o_batch_stride + row * p.o_seq_stride + tile.head * p.o_head_stride +
+                         half * kHalfV;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(o); c += 2) {
+          Element pair[2] = {Element(o(r, c)), Element(o(r, c + 1))};
+          *reinterpret_cast<uint32_t*>(o_row + get<1>(rc(r, c))) = *reinterpret_cast<uint32_t const*>(pair);
+        }
+        if (half == 0 && p.lse != nullptr && consumer_thread() % 4 == 0) p.lse[rows_before + row] = lse[r];
+      }
+    }
+  }
+};
+
+template <class KernelT>
+__global__ void __launch_bounds__(KernelT::kNumThreads, 1)
+    mla_kernel(CUTE_GRID_CONSTANT typename KernelT::Params const params) {
+  extern __shared__ __align__(1024) char smem[];
+  KernelT::run(params, smem);
+}
+
+}  // namespace flash3::fwd
