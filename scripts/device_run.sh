@@ -8,7 +8,7 @@
 # `build` from the carried dependencies in .deps/ (scripts/stage_deps.sh).
 #   scripts/device_run.sh [stage ...]   stages: build test python wheel train overhead sanitize sanitize_varlen sanitize_kv bench bwd
 #                                       pair fp8 ablation compare sustained match ab features varlen decode
-#                                       prefill parallel
+#                                       prefill mla parallel
 #                                       (default: test python sanitize bench bwd fp8 ablation compare)
 # FLASH3_TEST_FILTER narrows the GPU tests (a gtest filter); BUILD_DTYPES and
 # BUILD_HEAD_DIMS narrow the stage build (CMake's FLASH3_DTYPES,
@@ -340,6 +340,14 @@ if has prefill; then
     >"$OUT/prefill.txt" 2>"$OUT/prefill.err"
   summary+=("prefill rc=$?")
   grep -E '^\|' "$OUT/prefill.txt"
+fi
+# MLA decoding (issue 35): 128 query heads against one latent KV head (qv),
+# TFLOP/s and TB/s, contiguous and paged.
+if has mla; then
+  timeout 300 "${py[@]}" -m flash3.benchmark --mla --gap-ms 50 --json "$OUT/mla.json" \
+    >"$OUT/mla.txt" 2>"$OUT/mla.err"
+  summary+=("mla rc=$?")
+  grep -E '^\|' "$OUT/mla.txt"
 fi
 has sustained && peers peers_sustained --sustained
 # Context parallelism over the machine's GPUs (issue 37; kinds of 2 or 4

@@ -26,6 +26,8 @@ The data folder holds (all but gpu.txt optional):
                      flash3 (contiguous, paged, appending with rotary) beside SDPA's backends, one process
   prefill.json       python -m flash3.benchmark --prefill --json: chunked prefill against a KV cache, TFLOP/s
                      beside flash_attn_func on the same work, one process
+  mla.json           python -m flash3.benchmark --mla --json: MLA decoding (qv), TFLOP/s and TB/s, contiguous and
+                     paged, beside FlashMLA and FA3 where importable, one process
   clocks.txt         scripts/clock_summary.py's line (--import makes it from clocks.csv)
   notes.md           anything said by hand about the run, shown under the header
   compare.json       runs from before peers*.json: SDPA's backends timed in a separate process beside
@@ -57,10 +59,12 @@ BENCH_FILES = ("bench.json", "bench_bwd.json", "bench_pair.json", "bench_pair_bw
 VARLEN_FILES = ("varlen.json", "varlen_fp8.json")
 DECODE_FILE = "decode.json"
 PREFILL_FILE = "prefill.json"
+MLA_FILE = "mla.json"
 PEERS_GLOB = "peers*.json"
 SEPARATE_PEERS = "compare.json"
 INPUT_FILES = ("gpu.txt",) + BENCH_FILES + ("bench_bwd_det.json", "ablation.json", SEPARATE_PEERS,
-                                            "fp8_accuracy.txt", "clocks.txt") + VARLEN_FILES + (DECODE_FILE, PREFILL_FILE)
+                                            "fp8_accuracy.txt", "clocks.txt") + VARLEN_FILES + (
+                                                DECODE_FILE, PREFILL_FILE, MLA_FILE)
 # hdim_v: V's head dim (hdim where a file has none), so that 192 / 128 is a row of its own beside 192.
 SHAPE_KEYS = ("pass", "dtype", "hdim", "hdim_v", "causal", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv")
 PASS_ORDER = ("fwd", "bwd", "fwd+bwd")
@@ -143,6 +147,7 @@ sweep = module_at("flash3_bench_sweep", ROOT / "python" / "flash3" / "_bench" / 
 figure = module_at("flash3_bench_plot", ROOT / "python" / "flash3" / "_bench" / "plot.py")
 decode_table = module_at("flash3_bench_decode_table", ROOT / "python" / "flash3" / "_bench" / "decode_table.py")
 prefill_table = module_at("flash3_bench_prefill_table", ROOT / "python" / "flash3" / "_bench" / "prefill_table.py")
+mla_table = module_at("flash3_bench_mla_table", ROOT / "python" / "flash3" / "_bench" / "mla_table.py")
 
 
 def read_gpu(text):
@@ -207,6 +212,7 @@ def load(data):
     run["varlen"] = dict(varlen[0], rows=[r for v in varlen for r in v["rows"]]) if varlen else None
     run["decode"] = js(DECODE_FILE)
     run["prefill"] = js(PREFILL_FILE)
+    run["mla"] = js(MLA_FILE)
     for name in BENCH_FILES:
         run["bench"] += js(name) or []
     accuracy = text("fp8_accuracy.txt")
@@ -627,6 +633,17 @@ def prefill_section(run):
         prefill_table)
 
 
+def mla_section(run):
+    """MLA decoding (issue 35): 128 query heads against one latent KV head, TFLOP/s and TB/s."""
+    return sweep_section("MLA decoding", run.get("mla"), MLA_FILE, [
+        "`python -m flash3.benchmark --mla`: one token a sequence, "
+        f"{mla_table.HEADS_Q} query heads against {mla_table.HEADS_KV} latent KV head, head dims {mla_table.HDIM} "
+        f"(rotary: q, k) and {mla_table.HDIM_V} (latent: qv, v, O), bf16, through `flash_attn_with_kvcache(qv=)`;",
+        "TFLOP/s of S = q k^T + qv v^T and O = P v, and TB/s of the cache read once, on the contiguous cache and a",
+        "paged copy (pages of 64 in random order), beside FlashMLA and FA3 where importable. The last column names",
+        "the targets of issue 35 the row misses."], mla_table)
+
+
 def accuracy_section(run, rows):
     out = ["## Accuracy", "",
            "Each timed shape is first checked against the float32 GPU reference: flash3's largest error must be",
@@ -723,6 +740,7 @@ def report(run, data_label, plot_name):
     out += varlen_section(run)
     out += decode_section(run)
     out += prefill_section(run)
+    out += mla_section(run)
     out += accuracy_section(run, bench["rows"])
     return "\n".join(out).rstrip() + "\n"
 

@@ -190,6 +190,12 @@ def write_run(folder, fp8=True, peers=True):
         "timer": "CUDA events", "rows": [
             {"batch": 1, "chunk": 1024, "cache": 16384, "heads_q": 32, "heads_kv": 8, "hdim": 128, "flops": 1,
              "tflops": {"flash3": 540.0, "flash3 paged 256": 530.0, "plain": 560.0}, "not_run": {}}]}))
+    (folder / "mla.json").write_text(json.dumps({
+        "tool": "python -m flash3.benchmark --mla", "regime": {"name": "gap", "gap_ms": 50.0, "scope": "sample"},
+        "timer": "CUDA events", "rows": [
+            {"batch": 64, "cache": 8192, "heads_q": 128, "heads_kv": 1, "hdim": 64, "hdim_v": 512, "flops": 1,
+             "kv_bytes": 1, "tflops": {"flash3": 620.0, "flash3 paged 64": 600.0},
+             "not_run": {"flash_mla": "ModuleNotFoundError: No module named 'flash_mla'"}}]}))
     (folder / "clocks.csv").write_text("".join(
         f"2026/12/01 10:00:0{i}.000, {mhz} MHz, {watts} W, 55, 0x0000000000000004\n"
         for i, (mhz, watts) in enumerate(((1980, 80.0), (1755, 650.0), (1980, 400.0)))))
@@ -236,7 +242,8 @@ def test_import_keeps_the_inputs_only_and_summarises_the_clocks(generated):
     assert sorted(p.name for p in data.iterdir()) == sorted(
         ["gpu.txt", "bench.json", "bench_bwd.json", "bench_fp8.json", "bench_bwd_det.json", "ablation.json",
          "peers_fwd.json", "peers_bwd.json", "peers_sustained_fwd.json", "fp8_accuracy.txt", "clocks.txt",
-         "varlen.json", "varlen_fp8.json", "bench_pair.json", "bench_pair_bwd.json", "decode.json", "prefill.json"])
+         "varlen.json", "varlen_fp8.json", "bench_pair.json", "bench_pair_bwd.json", "decode.json", "prefill.json",
+         "mla.json"])
     assert (data / "clocks.txt").read_text().startswith("clocks under load (2 samples): SM 1755-1980 MHz")
 
 
@@ -272,7 +279,7 @@ def test_a_section_per_regime_then_flash3_bench_each_with_a_table_per_pass_and_d
                       "## flash3-bench, the C++ benchmark", "### Forward, bf16", "### Forward, e4m3",
                       "### Backward, bf16",
                       "## Backward, deterministic mode", "## Ablation (paper Table 2)", "## Packed sequences (varlen)",
-                      "## Decoding from a KV cache", "## Chunked prefill", "## Accuracy",
+                      "## Decoding from a KV cache", "## Chunked prefill", "## MLA decoding", "## Accuracy",
                       "### FP8 (paper Table 3)"]
 
 
@@ -372,6 +379,14 @@ def test_varlen(generated):
             "| 0.950 | 250.0 | 7.5 |") in packed
     assert ("| mix | fwd | e4m3 | 128 | yes | 5 documents, 16384 tokens, mean 4125 (fixed 4 x 4k) | 900.0 | 855.0 "
             "| 0.950 | n/a | n/a |") in packed
+
+
+def test_mla(generated):
+    mla = section(generated[3], "## MLA decoding")
+    assert "- regime: idle gap: the GPU idle 50 ms before every sample" in mla
+    ratio = 64 * 8192 * 576 * 2 / (64 * 8192 * 128 * 2 * (64 + 512 + 512))
+    assert f"| 64 | 8192 | 620 | {620 * ratio:.2f} | 600 | {600 * ratio:.2f} | n/a | n/a | none |" in mla
+    assert "n/a: FlashMLA (64x8192): ModuleNotFoundError: No module named 'flash_mla'" in mla
 
 
 def test_prefill(generated):

@@ -10,6 +10,9 @@
                                                    contiguous, paged and with an append and rotary, beside SDPA's
   python -m flash3.benchmark --prefill             chunked prefill (a chunk of queries against a KV cache, causal):
                                                    TFLOP/s beside flash_attn_func on the same work
+  python -m flash3.benchmark --mla                 MLA decoding (qv: 128 query heads, one latent KV head, 64 + 512):
+                                                   TFLOP/s and TB/s, contiguous and paged, beside FlashMLA and FA3
+                                                   where importable
   python -m flash3.benchmark --from-json a.json    the table, CSV and plot again from saved runs (no GPU)
 
 Methods: flash3, SDPA's FlashAttention-2 and cuDNN backends, and
@@ -35,7 +38,7 @@ import datetime
 import json
 import sys
 
-from ._bench import decode, decode_table, overhead, prefill, prefill_table, sweep, varlen
+from ._bench import decode, decode_table, mla, mla_table, overhead, prefill, prefill_table, sweep, varlen
 from ._bench.device_info import Telemetry
 from ._bench.methods import CHECK_HEADS, check, failure_reason, load_methods, make_inputs, recording_warnings, workload
 from ._bench.plot import write_plot
@@ -97,6 +100,12 @@ def parse_args(argv):
                    help="--prefill: chunk lengths (default %(default)s)")
     p.add_argument("--prefill-cache", type=int_list, default=list(prefill_table.CACHES),
                    help="--prefill: cache lengths, the chunk's keys included (default %(default)s)")
+    p.add_argument("--mla", action="store_true",
+                   help="the MLA decoding sweep instead: 128 query heads against one latent KV head")
+    p.add_argument("--mla-batch", type=int_list, default=list(mla_table.BATCHES),
+                   help="--mla: batch sizes (default %(default)s)")
+    p.add_argument("--mla-cache", type=int_list, default=list(mla_table.CACHES),
+                   help="--mla: cache lengths (default %(default)s)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--csv", help="write the results here, one line per shape and method")
     p.add_argument("--plot", help="write a PNG here (paper Figure 5's layout; needs matplotlib)")
@@ -284,6 +293,15 @@ def run_prefill(torch, args):
     return 1 if any(r["not_run"] for r in rows) else 0
 
 
+def run_mla(torch, args):
+    rows = run_table(torch, args, "--mla",
+                     f"MLA decoding: seqlen_q 1, {mla_table.HEADS_Q} query heads, {mla_table.HEADS_KV} latent KV head, "
+                     f"head dims {mla_table.HDIM} + {mla_table.HDIM_V} (qv), bf16; TFLOP/s and TB/s of the cache "
+                     "read once",
+                     mla.run, mla_table.format_table, mla_table.format_notes)
+    return 1 if any(name.startswith("flash3") for r in rows for name in r["not_run"]) else 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.from_json:
@@ -309,6 +327,8 @@ def main(argv=None):
         return run_decode(torch, args)
     if args.prefill:
         return run_prefill(torch, args)
+    if args.mla:
+        return run_mla(torch, args)
     return run_varlen(torch, args) if args.varlen else run_sweep(torch, args)
 
 

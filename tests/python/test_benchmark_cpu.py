@@ -44,6 +44,7 @@ plot = load("plot")
 overhead = load_in_package("overhead")
 decode_table = load("decode_table")
 prefill_table = load("prefill_table")
+mla_table = load("mla_table")
 
 GAP = {"name": "gap", "gap_ms": 100.0, "scope": "sample"}
 SUSTAINED = {"name": "sustained", "load_s": 2.0}
@@ -513,10 +514,33 @@ def test_prefill_targets_and_table():
     assert prefill_table.format_notes(rows) == ["n/a: flash_attn_func (2048 x 32768): out of memory"]
 
 
+# ---- the MLA sweep -------------------------------------------------------------------------
+
+
+def test_mla_counts_and_targets():
+    assert mla_table.mla_shapes([64], [4096, 8192]) == [(64, 4096), (64, 8192)]
+    # Per (query head, key): S over 64 + 512 columns, O over 512; the cache read once, 576 bf16 columns a key.
+    assert mla_table.flops(2, 10, heads_q=3) == 2 * 10 * 3 * 2 * (64 + 512 + 512)
+    assert mla_table.kv_bytes(2, 10) == 2 * 10 * 576 * 2
+    assert mla_table.compute_bound(64, 4096)  # 128 heads: 242 FLOPs a byte
+    row = {"batch": 64, "cache": 4096, "tflops": {"flash3": 600.0, "flash3 paged 64": 590.0}, "not_run": {}}
+    assert mla_table.targets(row) == {">= 610 TFLOP/s": False}
+    row["tflops"]["flash3"] = 650.0
+    assert mla_table.targets(row) == {">= 610 TFLOP/s": True}
+    rows = [row, {"batch": 132, "cache": 8192, "tflops": {}, "not_run": {"flash3": "no kernel", "fa3": "no module"}}]
+    table = mla_table.format_table(rows).splitlines()
+    assert table[0] == ("| batch | cache | flash3 TFLOP/s | TB/s | flash3 paged 64 TFLOP/s | TB/s | FA3 TFLOP/s | TB/s "
+                        "| missed |")
+    ratio = mla_table.kv_bytes(64, 4096) / mla_table.flops(64, 4096)
+    assert table[2] == f"| 64 | 4096 | 650 | {650 * ratio:.2f} | 590 | {590 * ratio:.2f} | n/a | n/a | none |"
+    assert table[3] == "| 132 | 8192 | n/a | n/a | n/a | n/a | n/a | n/a | none |"
+    assert mla_table.format_notes(rows) == ["n/a: flash3 (132x8192): no kernel", "n/a: FA3 (132x8192): no module"]
+
+
 def test_cli_names_the_decode_sweep_and_its_options():
     done = run_cli("--help")
     assert done.returncode == 0, done.stderr
     for option in ("--decode ", "--decode-batch", "--decode-cache", "--page-size", "--prefill ", "--prefill-chunk",
-                   "--prefill-cache"):
+                   "--prefill-cache", "--mla ", "--mla-batch", "--mla-cache"):
         assert option in done.stdout
 

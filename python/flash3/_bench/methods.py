@@ -9,6 +9,7 @@ bottom-right one.
 """
 import contextlib
 import re
+import statistics
 import warnings
 
 # The check covers batch 0 and the first CHECK_HEADS heads: the float32
@@ -221,3 +222,17 @@ def timed(timer, make, check):
             return timer.measure(fn)[0], None
         except Exception as e:
             return None, failure_reason(caught, e)
+
+
+def time_methods(torch, timer, methods, check, value):
+    """({name: value(median ms)}, {name: why it has none}) of the (name, make) methods, each timed by
+    timed() with the same check, the allocator's cache emptied after each."""
+    got, not_run = {}, {}
+    for name, make in methods:
+        samples, why = timed(timer, make, check)
+        if samples is None:
+            not_run[name] = why
+        else:
+            got[name] = value(statistics.median(samples))
+        torch.cuda.empty_cache()
+    return got, not_run

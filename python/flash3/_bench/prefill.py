@@ -6,11 +6,9 @@ and paged) beside flash_attn_func on the same tensors, the same work, timed
 alike in one process; each checked against a float32 reference on the first
 KV head's query heads before it is timed.
 """
-import statistics
-
 from . import prefill_table
 from .decode import _paged
-from .methods import timed
+from .methods import time_methods
 
 BATCH, PAGE_SIZE, ROWS = 1, 256, 256
 
@@ -79,15 +77,10 @@ def run(torch, timer, args, out):
     for i, (chunk, cache) in enumerate(shapes):
         q, k, v = _inputs(torch, chunk, cache, seed=200 + i)
         flops = prefill_table.flops(BATCH, chunk, cache)
+        tflops, not_run = time_methods(torch, timer, _methods(torch, q, k, v, seed=i),
+                                       _check_of(torch, q, k, v) if args.check else None, lambda ms: flops / ms / 1e9)
         row = {"batch": BATCH, "chunk": chunk, "cache": cache, "heads_q": q.shape[2], "heads_kv": k.shape[2],
-               "hdim": k.shape[3], "flops": flops, "tflops": {}, "not_run": {}}
-        for name, make in _methods(torch, q, k, v, seed=i):
-            samples, why = timed(timer, make, _check_of(torch, q, k, v) if args.check else None)
-            if samples is None:
-                row["not_run"][name] = why
-            else:
-                row["tflops"][name] = flops / statistics.median(samples) / 1e9
-            torch.cuda.empty_cache()
+               "hdim": k.shape[3], "flops": flops, "tflops": tflops, "not_run": not_run}
         rows.append(row)
         print(f"[{i + 1}/{len(shapes)}] prefill {chunk} against {cache}: "
               + ", ".join(f"{n} {t:.1f}" for n, t in row["tflops"].items()), file=out, flush=True)
