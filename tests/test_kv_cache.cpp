@@ -4,18 +4,22 @@
 // the call's plan and workspace.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "common/kv_cache.h"
+#include "common/mask.h"
 #include "common/split_scheduler.h"
 #include "expect_invalid.h"
 #include "flash3/flash3.h"
 #include "fwd/kv_split.h"
 #include "fwd/kv_workspace.h"
 #include "fwd/pack_gqa.h"
+#include "fwd/packed_rows.h"
 #include "valid_args.h"
 
 namespace {
@@ -303,7 +307,6 @@ TEST(PackGqa, SameElementsAsRowsOfTheGroup) {
   a.q = flash3::contiguous<const void*>(a.q.data, 1, a.heads_q, a.head_dim);
   a.q.batch_stride += 64;  // a gap between entries
   a.o = flash3::contiguous<void*>(a.o.data, 1, a.heads_q, a.head_dim);
-  a.qv = flash3::contiguous<const void*>(a.q.data, 1, a.heads_q, 512);  // MLA's latent Q packs as Q
   a.causal = true;
   ASSERT_TRUE(flash3::fwd::packs_gqa(a));
   ForwardArgs const p = flash3::fwd::packed_gqa(a);
@@ -318,8 +321,6 @@ TEST(PackGqa, SameElementsAsRowsOfTheGroup) {
                 b * a.q.batch_stride + h * a.q.head_stride);
       EXPECT_EQ(b * p.o.batch_stride + row * p.o.seq_stride + head * p.o.head_stride,
                 b * a.o.batch_stride + h * a.o.head_stride);
-      EXPECT_EQ(b * p.qv.batch_stride + row * p.qv.seq_stride + head * p.qv.head_stride,
-                b * a.qv.batch_stride + h * a.qv.head_stride);
       // The LSE is [batch, heads, seqlen_q], contiguous.
       EXPECT_EQ((b * p.heads_q + head) * p.seqlen_q + row, (b * a.heads_q + h) * a.seqlen_q);
     }
@@ -366,6 +367,52 @@ TEST(PackGqa, WhichCallsPack) {
 
 // The parts of the workspace: present only when the call has them, each at
 // a multiple of 128 bytes, none overlapping.
+// MLA's packed rows: each (position, query head) of a KV head once, and each
+// tile's key blocks (and which need the mask) as every row's position sees
+// them, checked against the policy's rule key by key.
+TEST(PackedRows, PositionsHeadsAndKeyBlocks) {
+  constexpr int kBlock = 64;
+  for (int group : {1, 6, 8, 128}) {
+    for (int seqlen_q : {1, 2, 3, 70}) {
+      flash3::PackedRows const packed{group, seqlen_q};
+      std::set<std::pair<int, int>> seen;
+      for (int head_kv = 0; head_kv < 2; ++head_kv) {
+        for (int r = 0; r < packed.rows(); ++r) {
+          EXPECT_TRUE(seen.insert({packed.position(r), packed.head(head_kv, r)}).second);
+        }
+      }
+      EXPECT_EQ(seen.size(), size_t(2 * group * seqlen_q));
+      for (int seqlen_k : {1, 100, 1000}) {
+        for (auto [causal, left, right] : {std::tuple{false, -1, -1}, std::tuple{true, -1, 0},
+                                           std::tuple{false, 40, -1}, std::tuple{false, 30, 10}}) {
+          SCOPED_TRACE(std::to_string(group) + " " + std::to_string(seqlen_q) + " " + std::to_string(seqlen_k) + " " +
+                       std::to_string(left) + " " + std::to_string(right));
+          flash3::Window const w = flash3::window_of(causal, left, right, seqlen_q, seqlen_k);
+          flash3::MaskPolicy const mask{seqlen_q, seqlen_k, false, w.left, w.right};
+          for (int m = 0; m * kBlock < packed.rows(); ++m) {
+            BlockRange const range = packed.key_blocks(mask, m, kBlock, kBlock);
+            int const below = packed.key_blocks_masked_below(mask, m, kBlock, kBlock);
+            for (int n = 0; n * kBlock < seqlen_k; ++n) {
+              bool any = false, all = true;
+              for (int r = m * kBlock; r < std::min((m + 1) * kBlock, packed.rows()); ++r) {
+                int const i = packed.position(r);
+                for (int j = n * kBlock; j < (n + 1) * kBlock; ++j) {
+                  bool const visible = j < seqlen_k && j >= mask.col_start(i) && j < mask.col_limit(i);
+                  any |= visible;
+                  all &= visible;
+                }
+              }
+              bool const walked = n >= range.n_block_min && n < range.n_block_max;
+              if (any) EXPECT_TRUE(walked) << "block " << n << " of tile " << m;
+              if (walked && !all) EXPECT_TRUE(n >= range.n_block_mask || n < below) << "block " << n << " unmasked";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(KvWorkspace, Layout) {
   ForwardArgs a = valid_cache_args();  // batch 2, 8 query heads, head dim 128, one query
   EXPECT_EQ(flash3::fwd::kv_workspace_layout(a, 1).bytes, 0u);
@@ -417,12 +464,15 @@ TEST(KvWorkspace, Plan) {
   EXPECT_EQ(flash3::fwd::num_splits_of(fp8, 132), flash3::choose_num_splits(2 * 8, fp8_blocks, 132));
   fp8.fp8.q_per_kv_head = true;
   EXPECT_EQ(flash3::fwd::num_splits_of(fp8, 132), flash3::choose_num_splits(tiles, fp8_blocks, 132));
-  // MLA plans with its own tiles (64 x 64): by its head dims, qv given or not (a plan has no tensors).
+  // MLA plans with its own tiles (64 x 64): by its head dims, qv given or not (a plan has no tensors),
+  // and its tiles pack each KV head's (position, head) rows: 2 positions of 16 heads are 1 tile.
   ForwardArgs mla = mla_args();
   mla.seqlen_k = 32768;
   mla.kv_cache.num_splits = 0;
   EXPECT_EQ(flash3::fwd::kv_cache_tile(mla).block_m, flash3::fwd::kMlaTile.block_m);
   EXPECT_EQ(flash3::fwd::num_splits_of(mla, 132), flash3::choose_num_splits(2 * 1, 32768 / 64, 132));
+  mla.seqlen_q = 5;  // 80 rows: 2 tiles
+  EXPECT_EQ(flash3::fwd::num_splits_of(mla, 132), flash3::choose_num_splits(2 * 2, 32768 / 64, 132));
   mla.qv = {};
   mla.kv_cache.num_splits = 3;
   ASSERT_TRUE(flash3::plan_kv_cache(mla, &plan).ok());

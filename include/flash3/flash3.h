@@ -328,9 +328,11 @@ struct ForwardArgs {
   // head_dim_v 512 (the latent part: qv, v_cache, O); softmax_scale 0 then
   // selects 1/sqrt(head_dim + head_dim_v). The cache's forms (contiguous,
   // paged, batch_idx, leftpad), appends with rotary (of q and the new k),
-  // split-KV, GQA (decoding packs a KV head's query heads into tiles), the
-  // causal mask, a window and the LSE are as without qv; softcap and sinks
-  // are not supported with it. A cache of one 576-column tensor (latent
+  // split-KV, GQA, the causal mask, a window and the LSE are as without qv;
+  // softcap and sinks are not supported with it. Each KV head's query rows,
+  // (position, head) pairs, are packed into the kernel's tiles for any
+  // seqlen_q, so that speculative decoding's few tokens share each read of
+  // the cache as one token's heads do. A cache of one 576-column tensor (latent
   // then rotary, as FlashMLA's) is two views of it: v its first 512
   // columns, k its last 64. nullptr: no MLA. Last, for the same reason.
   ConstTensor qv;

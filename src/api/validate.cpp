@@ -257,6 +257,10 @@ Status check_mla(ForwardArgs const& a) {
   if (a.dtype != DType::kBF16) return Status(Status::Code::kUnsupported, "qv: MLA (qv) runs in kBF16");
   if (a.softcap != 0.f) return Status(Status::Code::kUnsupported, "softcap: MLA (qv) has no softcapping");
   if (a.sinks != nullptr) return Status(Status::Code::kUnsupported, "sinks: MLA (qv) has no attention sinks");
+  // Its tiles' rows are a KV head's (position, query head) pairs, counted in 32 bits.
+  if (a.seqlen_q * (a.heads_q / a.heads_kv) > checks::kMaxExtent) {
+    return invalid("seqlen_q: MLA's rows, seqlen_q x heads_q / heads_kv, must be below 2^31");
+  }
   if (a.batch == 0 || a.seqlen_q == 0) return Status();
   return checks::tensor("qv", a.qv, a.batch, a.seqlen_q, a.heads_q, a.head_dim_v, 2);
 }

@@ -24,8 +24,9 @@
 
 namespace flash3::fwd {
 
-// The call (fwd/kv_call.h) on the split kernel when it takes more than one
-// split, else the plain one (both of kBase's mask).
+// The call (fwd/kv_call.h), its GQA groups packed when it decodes
+// (fwd/pack_gqa.h), on the split kernel when it takes more than one split,
+// else the plain one (both of kBase's mask).
 template <DType kDType, int kHeadDim, int kHeadDimV, Variant kBase>
 Status launch_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t stream) {
   using Plain = FwdTraits<ElementOf<kDType>, kHeadDim, kBase.with_kv_cache(false), kHeadDimV>;
@@ -34,7 +35,8 @@ Status launch_kv_cache(ForwardArgs const& a, DeviceInfo const& device, cudaStrea
   static_assert(Split::kBlockM == kPlanned.block_m && Split::kBlockN == kPlanned.block_n &&
                     Plain::kBlockM == Split::kBlockM,
                 "kv_cache_tile (fwd/kv_workspace.h) plans with the KV cache kernels' tiles");
-  return run_kv_call(a, device, stream, [&](ForwardArgs const& attended, SplitPartials const& partials) {
+  return run_kv_call(a, device, stream, [&](ForwardArgs const& appended, SplitPartials const& partials) {
+    ForwardArgs const attended = packs_gqa(appended) ? packed_gqa(appended) : appended;
     if (partials.num_splits == 1) return launch_forward<Plain>(attended, device, stream);
     return launch_split_forward<Split>(attended, device, partials, stream);
   });

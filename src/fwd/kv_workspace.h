@@ -16,6 +16,7 @@
 #include "flash3/flash3.h"
 #include "fwd/kv_split.h"
 #include "fwd/pack_gqa.h"
+#include "fwd/packed_rows.h"
 #include "fwd/tile_size.h"
 
 namespace flash3::fwd {
@@ -32,9 +33,13 @@ inline TileSize kv_cache_tile(ForwardArgs const& a) {
 // cache_seqlens is device memory, not read here).
 inline int num_splits_of(ForwardArgs const& a, int num_sms) {
   if (a.kv_cache.num_splits != 0) return int(a.kv_cache.num_splits);
-  ForwardArgs const t = packs_gqa(a) ? packed_gqa(a) : a;
   TileSize const tile = kv_cache_tile(a);
-  int64_t const tiles = t.batch * t.heads_q * div_up(int(t.seqlen_q), tile.block_m);
+  // MLA's kernel packs each KV head's (position, head) rows into its tiles.
+  bool const mla = mla_head_dims(a.head_dim, head_dim_v_of(a));
+  ForwardArgs const t = packs_gqa(a) && !mla ? packed_gqa(a) : a;
+  int64_t const tiles =
+      mla ? t.batch * t.heads_kv * div_up(PackedRows{int(t.heads_q / t.heads_kv), int(t.seqlen_q)}.rows(), tile.block_m)
+          : t.batch * t.heads_q * div_up(int(t.seqlen_q), tile.block_m);
   return choose_num_splits(tiles, div_up(int(t.seqlen_k), tile.block_n), num_sms);
 }
 

@@ -22,6 +22,16 @@ struct Mask {
   template <class TensorS>
   CUTE_DEVICE static void apply(MaskPolicy const& policy, int row_offset, TensorS& acc_s, int m_block, int n_block,
                                 int thread_idx) {
+    int const first_row = tile_first_row(m_block, kBlockM, row_offset);
+    apply_rows(policy, acc_s, n_block, thread_idx, [first_row](int r) { return first_row + r; });
+  }
+
+  // The same where the tile's rows are not consecutive query rows: query
+  // row position_of(r) for the tile's row r (MLA's packed (position, head)
+  // rows).
+  template <class TensorS, class PositionOf>
+  CUTE_DEVICE static void apply_rows(MaskPolicy const& policy, TensorS& acc_s, int n_block, int thread_idx,
+                                     PositionOf&& position_of) {
     // The (row, col) of each accumulator element within the tile.
     Tensor coords = TiledMma{}.get_thread_slice(thread_idx).partition_C(
         make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
@@ -30,7 +40,7 @@ struct Mask {
     int const col0 = n_block * kBlockN;
     CUTE_UNROLL
     for (int r = 0; r < size<0>(s); ++r) {
-      int const row = tile_first_row(m_block, kBlockM, row_offset) + get<0>(c(r, 0));
+      int const row = position_of(get<0>(c(r, 0)));
       int const limit = policy.col_limit(row) - col0;
       if constexpr (kWindow) {
         int const start = policy.col_start(row) - col0;

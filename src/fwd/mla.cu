@@ -1,6 +1,8 @@
 // MLA's calls (ForwardArgs::qv): the KV cache call's steps (fwd/kv_call.h)
 // around MLA's kernel (fwd/mla_kernel.h), split or not, and split-KV's
-// combine. Two kernels, in this unit of their own.
+// combine. Two kernels, in this unit of their own. The kernel packs each KV
+// head's query rows itself (its tiles' rows are (position, head) pairs), so
+// the call runs without packed GQA's view.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -29,28 +31,22 @@ Status launch_mla(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t s
   // A paged cache's K and V are its pages, of page_size rows.
   bool const paged = a.kv_cache.page_table != nullptr;
   int64_t const kv_rows = paged ? a.kv_cache.page_size : a.seqlen_k;
-  auto const q = gmem_tensor<kHeadDim, Element>(a.q, a.seqlen_q, a.heads_q, a.batch);
-  auto const qv = gmem_tensor<kHeadDimV, Element>(a.qv, a.seqlen_q, a.heads_q, a.batch);
   auto const k = gmem_tensor<kHeadDim, Element>(a.k, kv_rows, a.heads_kv, a.kv_cache.batch_cache);
   auto const v = gmem_tensor<kHeadDimV, Element>(a.v, kv_rows, a.heads_kv, a.kv_cache.batch_cache);
   typename KernelT::Params p;
-  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, typename Traits::SmemLayoutQ{}, Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{});
-  p.tma_qv = make_tma_copy(SM90_TMA_LOAD{}, qv, typename Traits::SmemLayoutQv{},
-                           Shape<Int<Traits::kBlockM>, Int<kHeadDimV>>{}, _1{});
+  p.q = a.q;
+  p.qv = a.qv;
   p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutK{}),
                           Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
   p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename Traits::SmemLayoutV{}),
                           Shape<Int<Traits::kBlockN>, Int<kHeadDimV>>{}, _1{});
   p.tma_k_box = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::SmemLayoutKBox{}, BoxShape<kHeadDim>{}, _1{});
   p.tma_v_box = make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::SmemLayoutVBox{}, BoxShape<kHeadDimV>{}, _1{});
-  p.shape_q = q.shape();
-  p.shape_qv = qv.shape();
   p.shape_k = k.shape();
   p.shape_v = v.shape();
-  p.m_blocks = div_up(int(a.seqlen_q), Traits::kBlockM);
-  p.heads = int(a.heads_q);
-  p.head_group = int(a.heads_q / a.heads_kv);
-  p.seqlen_q = int(a.seqlen_q);
+  p.heads_kv = int(a.heads_kv);
+  p.packed = PackedRows{int(a.heads_q / a.heads_kv), int(a.seqlen_q)};
+  p.m_blocks = div_up(p.packed.rows(), Traits::kBlockM);
   p.cache = KvCacheMap{a.kv_cache.seqlens,    a.kv_cache.batch_idx,         a.kv_cache.leftpad,
                        a.kv_cache.page_table, a.kv_cache.page_table_stride, int(a.kv_cache.page_size)};
   p.num_splits = partials.num_splits;
@@ -69,7 +65,7 @@ Status launch_mla(ForwardArgs const& a, DeviceInfo const& device, cudaStream_t s
     p.o_head_stride = a.o.head_stride;
     p.lse = a.lse;
   }
-  dim3 const grid(unsigned(int64_t(p.m_blocks) * a.heads_q * a.batch), unsigned(partials.num_splits));
+  dim3 const grid(unsigned(int64_t(p.m_blocks) * a.heads_kv * a.batch), unsigned(partials.num_splits));
   cudaError_t err = allow_dynamic_smem<mla_kernel<KernelT>>(device.id, KernelT::kSmemBytes);
   if (err == cudaSuccess) {
     mla_kernel<KernelT><<<grid, KernelT::kNumThreads, KernelT::kSmemBytes, stream>>>(p);

@@ -1,9 +1,14 @@
-// The MLA kernel (ForwardArgs::qv): one CTA per tile of 64 query rows (with
-// decoding's packed GQA, 64 query heads of one token) and, split-KV, per
-// split of its key blocks.
+// The MLA kernel (ForwardArgs::qv): one CTA per tile of 64 rows of one KV
+// head's queries and, split-KV, per split of its key blocks. A tile's rows
+// are (position, query head) pairs, the group's heads innermost (packed
+// GQA for any number of query positions: decoding's 128 heads of one token
+// are two tiles, speculative decoding's tokens share the tiles), so each K
+// and V block is read once per 64 rows of a KV head.
 //
-//   warpgroup 0   producer(): Q and Qv once, then K_j and V_j of each key
-//                 block into a circular buffer of two stages (warp 0)
+//   consumers     load_queries(): the tile's rows of Q and Qv, gathered by
+//                 (position, head), into shared memory
+//   warpgroup 0   producer(): K_j and V_j of each key block into a circular
+//                 buffer of two stages (warp 0)
 //   warpgroup 1   softmax_consumer(): S = Q K_j^T + Qv V_j^T, the mask, the
 //                 online softmax; P and the rows' rescale factors to shared
 //                 memory; O[:, :256] += P V_j[:, :256] (P from registers)
@@ -24,11 +29,11 @@
 #include "common/kv_cache.h"
 #include "common/layout.h"
 #include "common/mask.h"
-#include "fwd/block_range.h"
 #include "fwd/kv_boxes.h"
 #include "fwd/kv_split.h"
 #include "fwd/mask.h"
 #include "fwd/mla_traits.h"
+#include "fwd/packed_rows.h"
 #include "fwd/softmax.h"
 
 namespace flash3::fwd {
@@ -44,16 +49,11 @@ struct MlaKernel {
   static constexpr int kHalfV = Traits::kHalfV;
   static constexpr int kNumThreads = Traits::kNumThreads;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  using PipelineQ = typename Traits::PipelineQ;
   using PipelineKV = typename Traits::PipelineKV;
   using KVState = typename PipelineKV::PipelineState;
 
   using GmemTensor = typename Traits::template GmemTensor<kHeadDim>;
   using GmemTensorV = typename Traits::template GmemTensor<kHeadDimV>;
-  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, typename Traits::SmemLayoutQ{},
-                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-  using TmaQv = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorV{}, typename Traits::SmemLayoutQv{},
-                                       Shape<Int<kBlockM>, Int<kHeadDimV>>{}, _1{}));
   using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, take<0, 2>(typename Traits::SmemLayoutK{}),
                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
   using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorV{}, take<0, 2>(typename Traits::SmemLayoutV{}),
@@ -64,27 +64,24 @@ struct MlaKernel {
                                          BoxShape<kHeadDimV>{}, _1{}));
 
   struct Params {
-    TmaQ tma_q;
-    TmaQv tma_qv;
+    ConstTensor q;  // [batch, seqlen_q, heads_kv * group, head dim], as the call has them
+    ConstTensor qv;
     TmaK tma_k;
     TmaV tma_v;
     TmaKBox tma_k_box;  // a paged cache's boxes
     TmaVBox tma_v_box;
-    typename Traits::template GmemShapeOf<kHeadDim> shape_q;
-    typename Traits::template GmemShapeOf<kHeadDimV> shape_qv;
     typename Traits::template GmemShapeOf<kHeadDim> shape_k;
     typename Traits::template GmemShapeOf<kHeadDimV> shape_v;
-    int m_blocks;    // tiles of each (batch, head)
-    int heads;       // query heads (with packed GQA: KV heads)
-    int head_group;  // query heads a KV head serves
-    int seqlen_q;
+    int m_blocks;  // tiles of each (batch, KV head): its rows / 64
+    int heads_kv;
+    PackedRows packed;  // a KV head's rows: (position, query head) pairs
     KvCacheMap cache;
     int num_splits;
     Window window;     // the mask, causal as window_right 0
     float scale_log2;  // softmax_scale * log2(e)
-    // O (bf16, [batch, seqlen_q, heads, 512]) and the LSE ([batch, heads,
-    // seqlen_q]), or split-KV's float32 partials O [splits, batch, heads,
-    // seqlen_q, 512] and LSE [splits, batch, heads, seqlen_q].
+    // O (bf16, [batch, seqlen_q, heads_q, 512]) and the LSE ([batch,
+    // heads_q, seqlen_q]), or split-KV's float32 partials O [splits, batch,
+    // heads_q, seqlen_q, 512] and LSE [splits, batch, heads_q, seqlen_q].
     void* o;
     int64_t o_batch_stride;
     int64_t o_seq_stride;
@@ -93,13 +90,13 @@ struct MlaKernel {
     int batch;
 
     CUTE_DEVICE MaskPolicy mask_policy(int b) const {
-      return MaskPolicy{seqlen_q, cache.keys(b), false, window.left, window.right};
+      return MaskPolicy{packed.seqlen_q, cache.keys(b), false, window.left, window.right};
     }
   };
 
   struct Tile {
     int m_block;
-    int head;
+    int head_kv;
     int batch;
     int split;
   };
@@ -107,13 +104,14 @@ struct MlaKernel {
   CUTE_DEVICE static Tile tile_of(Params const& p) {
     int const x = blockIdx.x;
     int const rest = x / p.m_blocks;
-    return {x % p.m_blocks, rest % p.heads, rest / p.heads, int(blockIdx.y)};
+    return {x % p.m_blocks, rest % p.heads_kv, rest / p.heads_kv, int(blockIdx.y)};
   }
 
-  // The key blocks the tile walks: its rows' under the mask, and split-KV's
-  // run of them (producer and consumers alike).
+  // The key blocks the tile walks: those its rows' query positions see under
+  // the mask (fwd/packed_rows.h), and split-KV's run of them (producer and
+  // consumers alike).
   CUTE_DEVICE static BlockRange range_of(Params const& p, Tile t) {
-    BlockRange const range = block_range(p.mask_policy(t.batch), t.m_block, kBlockM, kBlockN);
+    BlockRange const range = p.packed.key_blocks(p.mask_policy(t.batch), t.m_block, kBlockM, kBlockN);
     if constexpr (Traits::kSplit) return split_block_range(range, t.split, p.num_splits);
     return range;
   }
@@ -122,12 +120,9 @@ struct MlaKernel {
     SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
     int const warp_group = cutlass::canonical_warp_group_idx();
     if (threadIdx.x == 0) {
-      cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
-      cute::prefetch_tma_descriptor(p.tma_qv.get_tma_descriptor());
       cute::prefetch_tma_descriptor(p.cache.paged() ? p.tma_k_box.get_tma_descriptor() : p.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(p.cache.paged() ? p.tma_v_box.get_tma_descriptor() : p.tma_v.get_tma_descriptor());
     }
-    PipelineQ pipeline_q(smem.pipeline_q, pipeline_params<PipelineQ>(warp_group, Traits::kQBytes), Shape<_1, _1, _1>{});
     PipelineKV pipeline_kv(smem.pipeline_kv, pipeline_params<PipelineKV>(warp_group, Traits::kKVBytes),
                            Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before anyone waits on them
@@ -135,11 +130,11 @@ struct MlaKernel {
     // go to the stack.
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-      if (cutlass::canonical_warp_idx_sync() == 0) producer(p, smem, pipeline_q, pipeline_kv);
+      if (cutlass::canonical_warp_idx_sync() == 0) producer(p, smem, pipeline_kv);
     } else {
       cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
       if (warp_group == 1) {
-        softmax_consumer(p, smem, pipeline_q, pipeline_kv);
+        softmax_consumer(p, smem, pipeline_kv);
       } else {
         value_consumer(p, smem, pipeline_kv);
       }
@@ -159,23 +154,13 @@ struct MlaKernel {
   }
 
   // ---------------------------------------------------------------- producer
-  // Q and Qv, then the key blocks from the last to the first (the masked
-  // ones first, as the consumers walk them). A tile with no key block loads
-  // nothing, and its consumers wait for nothing.
-  CUTE_DEVICE static void producer(Params const& p, SharedStorage& smem, PipelineQ& pipeline_q,
-                                   PipelineKV& pipeline_kv) {
+  // The key blocks from the last to the first (the masked ones first, as the
+  // consumers walk them). A tile with no key block loads nothing, and its
+  // consumers wait for nothing.
+  CUTE_DEVICE static void producer(Params const& p, SharedStorage& smem, PipelineKV& pipeline_kv) {
     Tile const tile = tile_of(p);
     BlockRange const range = range_of(p, tile);
-    if (range.empty()) return;
     bool const leader = cute::elect_one_sync();
-    auto write_q = cutlass::make_producer_start_state<PipelineQ>();
-    pipeline_q.producer_acquire(write_q);
-    if (leader) {
-      auto* barrier = pipeline_q.producer_get_barrier(write_q);
-      load_rows(p.tma_q, p.shape_q, smem.q.data(), typename Traits::SmemLayoutQ{}, *barrier, tile);
-      load_rows(p.tma_qv, p.shape_qv, smem.qv.data(), typename Traits::SmemLayoutQv{}, *barrier, tile);
-    }
-    int const head_kv = tile.head / p.head_group;
     bool const paged = p.cache.paged();
     KVState write = cutlass::make_producer_start_state<PipelineKV>();
     for (int n_block = range.n_block_max - 1; n_block >= range.n_block_min; --n_block) {
@@ -184,28 +169,18 @@ struct MlaKernel {
         auto& barrier = *pipeline_kv.producer_get_barrier(write);
         if (paged) {
           load_paged_block<kBlockN>(p.tma_k_box, p.shape_k, smem.k.data(), typename Traits::SmemLayoutK{}, barrier,
-                                    write.index(), p.cache, tile.batch, head_kv, n_block);
+                                    write.index(), p.cache, tile.batch, tile.head_kv, n_block);
           load_paged_block<kBlockN>(p.tma_v_box, p.shape_v, smem.v.data(), typename Traits::SmemLayoutV{}, barrier,
-                                    write.index(), p.cache, tile.batch, head_kv, n_block);
+                                    write.index(), p.cache, tile.batch, tile.head_kv, n_block);
         } else {
           load_block(p, p.tma_k, p.shape_k, smem.k.data(), typename Traits::SmemLayoutK{}, barrier, write.index(),
-                     tile.batch, head_kv, n_block);
+                     tile.batch, tile.head_kv, n_block);
           load_block(p, p.tma_v, p.shape_v, smem.v.data(), typename Traits::SmemLayoutV{}, barrier, write.index(),
-                     tile.batch, head_kv, n_block);
+                     tile.batch, tile.head_kv, n_block);
         }
       }
       ++write;
     }
-  }
-
-  // The tile's query rows of Q or Qv (rows past the sequence load as zeros).
-  template <class Tma, class GShape, class Layout, class Barrier>
-  CUTE_DEVICE static void load_rows(Tma const& tma, GShape const& shape, Element* buffer, Layout layout,
-                                    Barrier& barrier, Tile tile) {
-    Tensor g = local_tile(tma.get_tma_tensor(shape)(_, _, tile.head, tile.batch),
-                          make_shape(Int<kBlockM>{}, get<1>(shape)), make_coord(tile.m_block, _0{}));
-    auto slice = tma.get_slice(_0{});
-    copy(tma.with(barrier), slice.partition_S(g), slice.partition_D(make_tensor(make_smem_ptr(buffer), layout)));
   }
 
   // Key block n_block of a contiguous cache: the entry's cache row, from its
@@ -227,6 +202,41 @@ struct MlaKernel {
   CUTE_DEVICE static void sync(MlaBarrier b) { cutlass::arch::NamedBarrier::sync(kPairThreads, uint32_t(b)); }
   CUTE_DEVICE static void arrive(MlaBarrier b) { cutlass::arch::NamedBarrier::arrive(kPairThreads, uint32_t(b)); }
 
+  // The tile's rows of Q and Qv into shared memory, by both consumer
+  // warpgroups: each 16-byte chunk of a row gathered from its (position,
+  // head), rows past the KV head's as zeros; all loads issued before the
+  // stores. The GEMMs read them through the async proxy.
+  CUTE_DEVICE static void load_queries(Params const& p, SharedStorage& smem, Tile tile) {
+    constexpr int kChunksQ = kHeadDim / 8, kChunksRow = (kHeadDim + kHeadDimV) / 8;
+    constexpr int kPerThread = kBlockM * kChunksRow / Traits::kNumConsumerThreads;
+    static_assert(kBlockM * kChunksRow % Traits::kNumConsumerThreads == 0);
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sQv = make_tensor(make_smem_ptr(smem.qv.data()), typename Traits::SmemLayoutQv{});
+    int const first = threadIdx.x - cutlass::NumThreadsPerWarpGroup;
+    uint4 chunk[kPerThread];
+    CUTE_UNROLL
+    for (int i = 0; i < kPerThread; ++i) {
+      int const c = first + i * Traits::kNumConsumerThreads, row = c / kChunksRow, part = c % kChunksRow;
+      int const r = tile.m_block * kBlockM + row;
+      bool const latent = part >= kChunksQ;
+      ConstTensor const& t = latent ? p.qv : p.q;
+      chunk[i] = make_uint4(0, 0, 0, 0);
+      if (r < p.packed.rows()) {
+        chunk[i] = *reinterpret_cast<uint4 const*>(
+            static_cast<Element const*>(t.data) + tile.batch * t.batch_stride + p.packed.position(r) * t.seq_stride +
+            p.packed.head(tile.head_kv, r) * t.head_stride + (latent ? part - kChunksQ : part) * 8);
+      }
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < kPerThread; ++i) {
+      int const c = first + i * Traits::kNumConsumerThreads, row = c / kChunksRow, part = c % kChunksRow;
+      Element* dst = part >= kChunksQ ? &sQv(row, (part - kChunksQ) * 8) : &sQ(row, part * 8);
+      *reinterpret_cast<uint4*>(dst) = chunk[i];
+    }
+    cutlass::arch::fence_view_async_shared();
+    sync(MlaBarrier::kQueries);
+  }
+
   // The tile rows a thread's accumulator rows are (the same in both
   // consumers' accumulators: a thread's rows depend on its index only).
   CUTE_DEVICE static void rows_of(int (&rows)[2]) {
@@ -238,10 +248,10 @@ struct MlaKernel {
   }
 
   // Warpgroup 1 (the first consumer): S, the softmax, P; its half of O.
-  CUTE_DEVICE static void softmax_consumer(Params const& p, SharedStorage& smem, PipelineQ& pipeline_q,
-                                           PipelineKV& pipeline_kv) {
+  CUTE_DEVICE static void softmax_consumer(Params const& p, SharedStorage& smem, PipelineKV& pipeline_kv) {
     Tile const tile = tile_of(p);
     BlockRange const range = range_of(p, tile);
+    if (!range.empty()) load_queries(p, smem, tile);
     int const t = consumer_thread();
     typename Traits::TiledMmaS mma_s;
     typename Traits::TiledMmaORS mma_o;
@@ -264,12 +274,11 @@ struct MlaKernel {
     int rows[2];
     rows_of(rows);
     MaskPolicy const mask = p.mask_policy(tile.batch);
-    int const last_row = tile.m_block * kBlockM + kBlockM - 1;
-    int const masked_below = mask.key_blocks_masked_below(last_row, kBlockN);
+    int const first_row = tile.m_block * kBlockM;
+    int const masked_below = p.packed.key_blocks_masked_below(mask, tile.m_block, kBlockM, kBlockN);
     using MaskT = Mask<true, kBlockM, kBlockN, typename Traits::TiledMmaS>;
 
     KVState read;
-    if (!range.empty()) pipeline_q.consumer_wait(typename PipelineQ::PipelineState{});
     for (int n_block = range.n_block_max - 1; n_block >= range.n_block_min; --n_block) {
       Tensor tSrS = partition_fragment_C(mma_s, Shape<_64, Int<kBlockN>>{});
       pipeline_kv.consumer_wait(read);
@@ -278,7 +287,7 @@ struct MlaKernel {
       warpgroup_gemm</*kZeroInit=*/false>(mma_s, tSrQv, tSrV(_, _, _, stage), tSrS);
       warpgroup_wait<0>();
       if (n_block >= range.n_block_mask || n_block < masked_below) {
-        MaskT::apply(mask, 0, tSrS, tile.m_block, n_block, t);
+        MaskT::apply_rows(mask, tSrS, n_block, t, [&](int r) { return p.packed.position(first_row + r); });
       }
       float o_scale[2];
       softmax.step(tSrS, o_scale, p.scale_log2);
@@ -312,6 +321,7 @@ struct MlaKernel {
   CUTE_DEVICE static void value_consumer(Params const& p, SharedStorage& smem, PipelineKV& pipeline_kv) {
     Tile const tile = tile_of(p);
     BlockRange const range = range_of(p, tile);
+    if (!range.empty()) load_queries(p, smem, tile);
     int const t = consumer_thread();
     typename Traits::TiledMmaOSS mma_o;
     auto thr_o = mma_o.get_thread_slice(t);
@@ -365,7 +375,8 @@ struct MlaKernel {
   // Half `half` of O's columns (and, from warpgroup 1, the LSE) from
   // registers, two adjacent columns a store: bf16 O, or split-KV's float32
   // partial O and LSE (-inf for a row that saw no key of its split: no
-  // weight in the combine). Rows past seqlen_q are not stored.
+  // weight in the combine). Rows past the KV head's (seqlen_q * group) are
+  // not stored.
   template <class FragO>
   CUTE_DEVICE static void store(Params const& p, Tile tile, FragO const& tOrO, int half, int const (&rows)[2],
                                 float const (&lse)[2]) {
@@ -373,30 +384,31 @@ struct MlaKernel {
         make_identity_tensor(Shape<_64, Int<kHalfV>>{}));
     Tensor rc = make_tensor(coords.data(), accumulator_rowcol(coords.layout()));
     Tensor o = make_tensor(tOrO.data(), accumulator_rowcol(tOrO.layout()));
-    int64_t const rows_before = (int64_t(tile.batch) * p.heads + tile.head) * p.seqlen_q;  // of (batch, head)
-    int64_t const split_rows = int64_t(tile.split) * p.batch * p.heads * p.seqlen_q;
+    int64_t const heads_q = int64_t(p.heads_kv) * p.packed.group, seqlen_q = p.packed.seqlen_q;
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
       int const row = tile.m_block * kBlockM + rows[r];
-      if (row >= p.seqlen_q) continue;
+      if (row >= p.packed.rows()) continue;
+      int const position = p.packed.position(row), head = p.packed.head(tile.head_kv, row);
+      // The (batch, head, position) row of the LSE and of split-KV's partials.
+      int64_t const lse_row = (tile.batch * heads_q + head) * seqlen_q + position;
       if constexpr (Traits::kSplit) {
-        float* o_row = static_cast<float*>(p.o) + (split_rows + rows_before + row) * kHeadDimV + half * kHalfV;
+        int64_t const split_row = int64_t(tile.split) * p.batch * heads_q * seqlen_q + lse_row;
+        float* o_row = static_cast<float*>(p.o) + split_row * kHeadDimV + half * kHalfV;
         CUTE_UNROLL
         for (int c = 0; c < size<1>(o); c += 2) {
           *reinterpret_cast<float2*>(o_row + get<1>(rc(r, c))) = make_float2(o(r, c), o(r, c + 1));
         }
-        if (half == 0 && consumer_thread() % 4 == 0) {
-          p.lse[split_rows + rows_before + row] = lse[r] == INFINITY ? -INFINITY : lse[r];
-        }
+        if (half == 0 && consumer_thread() % 4 == 0) p.lse[split_row] = lse[r] == INFINITY ? -INFINITY : lse[r];
       } else {
-        Element* o_row = static_cast<Element*>(p.o) + tile.batch * p.o_batch_stride + row * p.o_seq_stride + tile.head * p.o_head_stride +
-                         half * kHalfV;
+        Element* o_row = static_cast<Element*>(p.o) + tile.batch * p.o_batch_stride + position * p.o_seq_stride +
+                         head * p.o_head_stride + half * kHalfV;
         CUTE_UNROLL
         for (int c = 0; c < size<1>(o); c += 2) {
           Element pair[2] = {Element(o(r, c)), Element(o(r, c + 1))};
           *reinterpret_cast<uint32_t*>(o_row + get<1>(rc(r, c))) = *reinterpret_cast<uint32_t const*>(pair);
         }
-        if (half == 0 && p.lse != nullptr && consumer_thread() % 4 == 0) p.lse[rows_before + row] = lse[r];
+        if (half == 0 && p.lse != nullptr && consumer_thread() % 4 == 0) p.lse[lse_row] = lse[r];
       }
     }
   }

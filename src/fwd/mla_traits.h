@@ -4,7 +4,8 @@
 // the latent part, 512) and O = P V. O's 64 x 512 float32 accumulator is
 // more than one warpgroup's registers, so the two consumer warpgroups each
 // hold half of its columns: the first computes S and the softmax and hands P
-// and the rows' rescale factors to the second through shared memory.
+// and the rows' rescale factors to the second through shared memory. Named
+// for the paper's roles: producer, then the softmax and value consumers.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -39,7 +40,7 @@ struct MlaTraits {
   static constexpr int kConsumerRegisters = 240;  // O's half: 128; S: 32; P: 16
   static_assert(fits_launch_registers(kNumThreads, 128, kProducerRegisters, kConsumerRegisters));
 
-  // Global Q, K, V, Qv, O as (seqlen, head dim, heads, batch).
+  // Global K and V (the cache) as (rows, head dim, heads, entries).
   template <int kDim>
   using GmemShapeOf = Shape<int32_t, Int<kDim>, int32_t, int32_t>;
   using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
@@ -47,13 +48,14 @@ struct MlaTraits {
   using GmemTensor =
       decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShapeOf<kDim>{}, GmemStride{}));
 
-  // S = Q K^T + Qv V^T by warpgroup 0, both operands from shared memory; the
-  // same atom serves both products (k-steps of 16 over 64 and over 512).
+  // S = Q K^T + Qv V^T by the softmax warpgroup, both operands from shared
+  // memory; the same atom serves both products (k-steps of 16 over 64 and
+  // over 512).
   using TiledMmaS = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
       Layout<Shape<_1, _1, _1>>{}));
-  // O's half += P V's half: P from registers in warpgroup 0, from shared
-  // memory in warpgroup 1; V read with the keys as the K mode.
+  // O's half += P V's half: P from registers in the softmax warpgroup, from
+  // shared memory in the value warpgroup; V read with the keys as the K mode.
   using TileShapeO = Shape<_64, Int<kHalfV>, Int<kBlockN>>;
   using TiledMmaORS = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, TileShapeO, GMMA::Major::K, GMMA::Major::MN>(),
@@ -76,7 +78,7 @@ struct MlaTraits {
   using SmemLayoutVt = decltype(tile_to_shape(
       cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::MN, Element, Int<kHeadDimV>, Int<kBlockN>>(),
       Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));
-  // P, (M, N) K-major: written by warpgroup 0, read by warpgroup 1's GEMM.
+  // P, (M, N) K-major: written by the softmax warpgroup, read by the value warpgroup's GEMM.
   using SmemLayoutP = decltype(tile_to_shape(KMajorAtom<kBlockM, kBlockN>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
 
   // SmemLayoutV and SmemLayoutVt address the same element: V's rows of one
@@ -110,10 +112,8 @@ struct MlaTraits {
                     boxes_are_shifted_copies<decltype(take<0, 2>(SmemLayoutV{})), kHeadDimV, kBlockN>(),
                 "a paged cache's boxes are not the stage's layout at an offset");
 
-  static constexpr uint32_t kQBytes = (kBlockM * kHeadDim + kBlockM * kHeadDimV) * sizeof(Element);   // Q and Qv
   static constexpr uint32_t kKVBytes = (kBlockN * kHeadDim + kBlockN * kHeadDimV) * sizeof(Element);  // K_j and V_j
 
-  using PipelineQ = cutlass::PipelineTmaAsync<1>;
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;  // K_j and V_j in one stage
 
   struct SharedStorage {
@@ -125,7 +125,6 @@ struct MlaTraits {
     // Warpgroup 0 -> 1: each row's rescale factor for the block's P, then
     // its final 1 / l.
     float row_scale[kBlockM];
-    typename PipelineQ::SharedStorage pipeline_q;
     typename PipelineKV::SharedStorage pipeline_kv;
   };
   static_assert(sizeof(SharedStorage) <= 227 * 1024, "MLA's tiles overflow shared memory");
@@ -134,8 +133,9 @@ struct MlaTraits {
 // Named barriers between the two consumer warpgroups (ids after CUTLASS's
 // reserved ones; the MLA kernel uses no others).
 enum class MlaBarrier : uint32_t {
-  kPFull = 0,   // warpgroup 0 has written P and the rescale factors
-  kPEmpty = 1,  // warpgroup 1's GEMM has read P
+  kPFull = 0,     // the softmax warpgroup has written P and the rescale factors
+  kPEmpty = 1,    // the value warpgroup's GEMM has read P
+  kQueries = 2,   // the tile's Q and Qv are in shared memory
 };
 
 }  // namespace flash3::fwd

@@ -6,7 +6,7 @@
 // group, d] is [batch, group, heads_kv, d] with the sequence stride the head
 // stride and the head stride group times it; O likewise; the LSE [batch,
 // heads_q, 1] is [batch, heads_kv, group] as it lies; FP8 Q scales per KV
-// head are the packed heads' own; MLA's Qv as Q. Plain integer code,
+// head are the packed heads' own. Plain integer code,
 // shared by the dispatch and the CPU tests.
 #pragma once
 
@@ -38,8 +38,6 @@ inline ForwardArgs packed_gqa(ForwardArgs const& a) {
   p.q.head_stride = a.q.head_stride * group;
   p.o.seq_stride = a.o.head_stride;
   p.o.head_stride = a.o.head_stride * group;
-  p.qv.seq_stride = a.qv.head_stride;  // MLA's latent Q, laid out as q
-  p.qv.head_stride = a.qv.head_stride * group;
   p.causal = false;
   p.window_left = p.window_right = -1;
   return p;

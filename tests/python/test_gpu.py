@@ -1568,9 +1568,20 @@ def test_mla_paged(gpu, page_size, num_splits):
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("heads", [(8, 1), (12, 2)])
 @pytest.mark.parametrize("seqlen_q,causal,window", [(2, True, (-1, -1)), (70, True, (-1, -1)), (3, False, (40, -1))])
-def test_mla_query_rows_and_masks(gpu, seqlen_q, causal, window, num_splits):
-    _check_mla([seqlen_q, 100, 1000], seqlen_q=seqlen_q, hq=8, causal=causal, window=window, num_splits=num_splits)
+def test_mla_query_rows_and_masks(gpu, seqlen_q, causal, window, heads, num_splits):
+    """Several query positions packed with the heads as a tile's rows: groups of 8 (a tile holds 8 positions)
+    and 6 (positions straddle tiles), the causal mask and a window by each row's position."""
+    hq, hkv = heads
+    _check_mla([seqlen_q, 100, 1000], seqlen_q=seqlen_q, hq=hq, hkv=hkv, causal=causal, window=window,
+               num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 0])
+def test_mla_speculative_decoding(gpu, num_splits):
+    """Two tokens of 128 heads (DeepSeek's multi-token prediction): four tiles of one position each."""
+    _check_mla([2, 63, 1000, 1024], seqlen_q=2, hq=128, causal=True, num_splits=num_splits)
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
