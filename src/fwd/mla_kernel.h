@@ -247,7 +247,7 @@ struct MlaKernel {
     rows[1] = get<0>(rc(1, 0));
   }
 
-  // Warpgroup 1 (the first consumer): S, the softmax, P; its half of O.
+  // Warpgroup 1, the softmax consumer: S, the softmax, P; its half of O.
   CUTE_DEVICE static void softmax_consumer(Params const& p, SharedStorage& smem, PipelineKV& pipeline_kv) {
     Tile const tile = tile_of(p);
     BlockRange const range = range_of(p, tile);
@@ -291,7 +291,7 @@ struct MlaKernel {
       }
       float o_scale[2];
       softmax.step(tSrS, o_scale, p.scale_log2);
-      // P to shared memory once warpgroup 1 has read the previous block's.
+      // P to shared memory once the value warpgroup has read the previous block's.
       if (n_block != range.n_block_max - 1) sync(MlaBarrier::kPEmpty);
       Tensor rP = convert_fragment<Element>(tSrS);
       CUTE_UNROLL
@@ -306,8 +306,8 @@ struct MlaKernel {
       pipeline_kv.consumer_release(read);
       ++read;
     }
-    // O / l and the LSE; warpgroup 1 gets 1 / l once it has read the last
-    // block's factors.
+    // O / l and the LSE; the value warpgroup gets 1 / l once it has read the
+    // last block's factors.
     float o_scale[2], lse[2];
     softmax.finalize(o_scale, lse, -INFINITY);
     if (!range.empty()) sync(MlaBarrier::kPEmpty);
@@ -317,7 +317,7 @@ struct MlaKernel {
     store(p, tile, tOrO, 0, rows, lse);
   }
 
-  // Warpgroup 2 (the second consumer): the other half of O.
+  // Warpgroup 2, the value consumer: the other half of O.
   CUTE_DEVICE static void value_consumer(Params const& p, SharedStorage& smem, PipelineKV& pipeline_kv) {
     Tile const tile = tile_of(p);
     BlockRange const range = range_of(p, tile);
