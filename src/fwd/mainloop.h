@@ -277,7 +277,10 @@ struct Mainloop {
         bool paged = false;
         if constexpr (Traits::kKvCache) {
           paged = p.cache.paged();
-          if (paged) boxes(tma_box, shape, buffer, layout, *pipeline.producer_get_barrier(write), write.index(), n_block);
+          if (paged) {
+            load_paged<kBlockN>(tma, tma_box, shape, buffer, layout, *pipeline.producer_get_barrier(write),
+                                write.index(), p.cache, tile.batch, head_kv, n_block);
+          }
         }
         if (!paged) whole(tma, shape, buffer, layout, *pipeline.producer_get_barrier(write), write.index(), n_block);
       }
@@ -304,12 +307,6 @@ struct Mainloop {
       Tensor s = make_tensor(make_smem_ptr(buffer), layout);  // (N, d or dv, stages)
       auto slice = tma.get_slice(_0{});
       copy(tma.with(barrier), slice.partition_S(g), slice.partition_D(s)(_, _, _, stage));
-    }
-
-    template <class TmaBox, class GShape, class Layout, class Barrier>
-    CUTE_DEVICE void boxes(TmaBox const& tma, GShape const& shape, Element* buffer, Layout layout, Barrier& barrier,
-                           int stage, int n_block) const {
-      load_paged_block<kBlockN>(tma, shape, buffer, layout, barrier, stage, p.cache, tile.batch, head_kv, n_block);
     }
   };
 

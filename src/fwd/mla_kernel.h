@@ -168,10 +168,10 @@ struct MlaKernel {
       if (leader) {
         auto& barrier = *pipeline_kv.producer_get_barrier(write);
         if (paged) {
-          load_paged_block<kBlockN>(p.tma_k_box, p.shape_k, smem.k.data(), typename Traits::SmemLayoutK{}, barrier,
-                                    write.index(), p.cache, tile.batch, tile.head_kv, n_block);
-          load_paged_block<kBlockN>(p.tma_v_box, p.shape_v, smem.v.data(), typename Traits::SmemLayoutV{}, barrier,
-                                    write.index(), p.cache, tile.batch, tile.head_kv, n_block);
+          load_paged<kBlockN>(p.tma_k, p.tma_k_box, p.shape_k, smem.k.data(), typename Traits::SmemLayoutK{}, barrier,
+                              write.index(), p.cache, tile.batch, tile.head_kv, n_block);
+          load_paged<kBlockN>(p.tma_v, p.tma_v_box, p.shape_v, smem.v.data(), typename Traits::SmemLayoutV{}, barrier,
+                              write.index(), p.cache, tile.batch, tile.head_kv, n_block);
         } else {
           load_block(p, p.tma_k, p.shape_k, smem.k.data(), typename Traits::SmemLayoutK{}, barrier, write.index(),
                      tile.batch, tile.head_kv, n_block);
