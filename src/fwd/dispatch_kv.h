@@ -4,7 +4,7 @@
 // or not by the call's number of splits, without a mask or with the window
 // kernel's (a causal mask is window_right 0). A paged cache is a run-time
 // option of the same kernels (kv_cache.page_table: the producer loads a
-// block as 16-row boxes, Mainloop::Loads::boxes), so it adds no kernel; an
+// block whole or as 16-row boxes, fwd/kv_boxes.h), so it adds no kernel; an
 // append (kv_cache.append) runs its own small kernel before them
 // (fwd/launch_append.h); a decoding call's GQA groups are packed into tiles
 // (fwd/pack_gqa.h), a view of the call; its scratch is one block
