@@ -855,6 +855,10 @@ def test_kvcache_opcheck_on_meta():
     torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default,
                           (q, kc, vc, lens, None, None, 0.125, True, 0, None, None, -1, 0, 0.0, table, new, new, cos,
                            cos, True))
+    q, kc, vc, qv = mla()  # MLA: qv last, O of v_cache's 512 columns
+    torch.library.opcheck(torch.ops.flash3.kvcache_fwd.default,
+                          (q, kc, vc, lens, None, None, 0.04, False, 0, None, None, -1, -1, 0.0, None, None, None,
+                           None, None, False, None, None, None, qv))
 
 
 def test_kvcache_compile_fullgraph_on_meta():
