@@ -122,7 +122,7 @@ struct MlaTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     cute::array_aligned<Element, cosize_v<SmemLayoutP>, 1024> p;
-    // Warpgroup 0 -> 1: each row's rescale factor for the block's P, then
+    // Softmax -> value warpgroup: each row's rescale factor for the block's P, then
     // its final 1 / l.
     float row_scale[kBlockM];
     typename PipelineKV::SharedStorage pipeline_kv;
