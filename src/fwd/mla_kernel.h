@@ -237,6 +237,19 @@ struct MlaKernel {
     sync(MlaBarrier::kQueries);
   }
 
+  // Both consumers' start: the tile, its key blocks, and (when it has any)
+  // its queries in shared memory.
+  struct Start {
+    Tile tile;
+    BlockRange range;
+  };
+  CUTE_DEVICE static Start consumer_start(Params const& p, SharedStorage& smem) {
+    Tile const tile = tile_of(p);
+    BlockRange const range = range_of(p, tile);
+    if (!range.empty()) load_queries(p, smem, tile);
+    return {tile, range};
+  }
+
   // The tile rows a thread's accumulator rows are (the same in both
   // consumers' accumulators: a thread's rows depend on its index only).
   CUTE_DEVICE static void rows_of(int (&rows)[2]) {
@@ -249,9 +262,7 @@ struct MlaKernel {
 
   // Warpgroup 1, the softmax consumer: S, the softmax, P; its half of O.
   CUTE_DEVICE static void softmax_consumer(Params const& p, SharedStorage& smem, PipelineKV& pipeline_kv) {
-    Tile const tile = tile_of(p);
-    BlockRange const range = range_of(p, tile);
-    if (!range.empty()) load_queries(p, smem, tile);
+    auto const [tile, range] = consumer_start(p, smem);
     int const t = consumer_thread();
     typename Traits::TiledMmaS mma_s;
     typename Traits::TiledMmaORS mma_o;
@@ -319,9 +330,7 @@ struct MlaKernel {
 
   // Warpgroup 2, the value consumer: the other half of O.
   CUTE_DEVICE static void value_consumer(Params const& p, SharedStorage& smem, PipelineKV& pipeline_kv) {
-    Tile const tile = tile_of(p);
-    BlockRange const range = range_of(p, tile);
-    if (!range.empty()) load_queries(p, smem, tile);
+    auto const [tile, range] = consumer_start(p, smem);
     int const t = consumer_thread();
     typename Traits::TiledMmaOSS mma_o;
     auto thr_o = mma_o.get_thread_slice(t);
