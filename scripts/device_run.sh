@@ -36,7 +36,9 @@ if has build; then
   narrow=()
   [ -n "${BUILD_DTYPES:-}" ] && narrow+=("-DFLASH3_DTYPES=$BUILD_DTYPES")
   [ -n "${BUILD_HEAD_DIMS:-}" ] && narrow+=("-DFLASH3_HEAD_DIMS=$BUILD_HEAD_DIMS")
-  cmake -S . -B build-device -G Ninja -DFLASH3_CUTLASS_DIR="$PWD/.deps/cutlass" "${narrow[@]}" \
+  # An earlier call's narrowing stays in CMake's cache unless this call drops it.
+  widen=(-UFLASH3_DTYPES -UFLASH3_HEAD_DIMS)
+  cmake -S . -B build-device -G Ninja -DFLASH3_CUTLASS_DIR="$PWD/.deps/cutlass" "${widen[@]}" "${narrow[@]}" \
     -DGTest_DIR="$PWD/.deps/gtest/lib/x86_64-linux-gnu/cmake/GTest" >"$OUT/build.log" 2>&1 &&
     ninja -k 0 -C build-device flash3-bench test_gpu flash3_c >>"$OUT/build.log" 2>&1
   rc=$?

@@ -133,10 +133,13 @@ struct MlaKernel {
       if (cutlass::canonical_warp_idx_sync() == 0) producer(p, smem, pipeline_kv);
     } else {
       cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+      // One call site: both consumer warpgroups meet at the same barrier
+      // instruction (kQueries), as the sanitizer's synccheck wants.
+      Start const start = consumer_start(p, smem);
       if (warp_group == 1) {
-        softmax_consumer(p, smem, pipeline_kv);
+        softmax_consumer(p, smem, pipeline_kv, start);
       } else {
-        value_consumer(p, smem, pipeline_kv);
+        value_consumer(p, smem, pipeline_kv, start);
       }
     }
   }
@@ -261,8 +264,9 @@ struct MlaKernel {
   }
 
   // Warpgroup 1, the softmax consumer: S, the softmax, P; its half of O.
-  CUTE_DEVICE static void softmax_consumer(Params const& p, SharedStorage& smem, PipelineKV& pipeline_kv) {
-    auto const [tile, range] = consumer_start(p, smem);
+  CUTE_DEVICE static void softmax_consumer(Params const& p, SharedStorage& smem, PipelineKV& pipeline_kv,
+                                           Start const start) {
+    auto const [tile, range] = start;
     int const t = consumer_thread();
     typename Traits::TiledMmaS mma_s;
     typename Traits::TiledMmaORS mma_o;
@@ -303,7 +307,7 @@ struct MlaKernel {
       float o_scale[2];
       softmax.step(tSrS, o_scale, p.scale_log2);
       // P to shared memory once the value warpgroup has read the previous block's.
-      if (n_block != range.n_block_max - 1) sync(MlaBarrier::kPEmpty);
+      sync(MlaBarrier::kPEmpty);
       Tensor rP = convert_fragment<Element>(tSrS);
       CUTE_UNROLL
       for (int i = 0; i < size(rP); ++i) tPsP(i) = rP(i);
@@ -321,7 +325,7 @@ struct MlaKernel {
     // last block's factors.
     float o_scale[2], lse[2];
     softmax.finalize(o_scale, lse, -INFINITY);
-    if (!range.empty()) sync(MlaBarrier::kPEmpty);
+    sync(MlaBarrier::kPEmpty);
     share_row_scale(smem, rows, o_scale);
     arrive(MlaBarrier::kPFull);
     rescale_rows(tOrO, o_scale);
@@ -329,8 +333,9 @@ struct MlaKernel {
   }
 
   // Warpgroup 2, the value consumer: the other half of O.
-  CUTE_DEVICE static void value_consumer(Params const& p, SharedStorage& smem, PipelineKV& pipeline_kv) {
-    auto const [tile, range] = consumer_start(p, smem);
+  CUTE_DEVICE static void value_consumer(Params const& p, SharedStorage& smem, PipelineKV& pipeline_kv,
+                                         Start const start) {
+    auto const [tile, range] = start;
     int const t = consumer_thread();
     typename Traits::TiledMmaOSS mma_o;
     auto thr_o = mma_o.get_thread_slice(t);
@@ -342,6 +347,9 @@ struct MlaKernel {
     int rows[2];
     rows_of(rows);
     float o_scale[2];
+    // P's buffer starts empty (this arrival), so the softmax warpgroup waits
+    // on kPEmpty before every write, with no barrier under a condition.
+    arrive(MlaBarrier::kPEmpty);
     KVState read;
     for (int n_block = range.n_block_max - 1; n_block >= range.n_block_min; --n_block) {
       pipeline_kv.consumer_wait(read);
