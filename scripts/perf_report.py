@@ -138,16 +138,30 @@ def module_at(name, path):
     return module
 
 
+def bench_module(name):
+    """A module of the benchmark's python/flash3/_bench/, inside a package of
+    its own so that it may import its siblings: flash3's own __init__ needs
+    PyTorch, which the report does not."""
+    if "flash3_bench_pkg" not in sys.modules:
+        folder = ROOT / "python" / "flash3" / "_bench"
+        spec = importlib.util.spec_from_file_location("flash3_bench_pkg", folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["flash3_bench_pkg"] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"flash3_bench_pkg.{name}")
+
+
 def clock_summary():
     return module_at("clock_summary", ROOT / "scripts" / "clock_summary.py")
 
 
 # The benchmark's pure parts (standard library only): its regimes, their labels, and how runs merge.
-sweep = module_at("flash3_bench_sweep", ROOT / "python" / "flash3" / "_bench" / "sweep.py")
-figure = module_at("flash3_bench_plot", ROOT / "python" / "flash3" / "_bench" / "plot.py")
-decode_table = module_at("flash3_bench_decode_table", ROOT / "python" / "flash3" / "_bench" / "decode_table.py")
-prefill_table = module_at("flash3_bench_prefill_table", ROOT / "python" / "flash3" / "_bench" / "prefill_table.py")
-mla_table = module_at("flash3_bench_mla_table", ROOT / "python" / "flash3" / "_bench" / "mla_table.py")
+sweep = bench_module("sweep")
+figure = bench_module("plot")
+decode_table = bench_module("decode_table")
+prefill_table = bench_module("prefill_table")
+mla_table = bench_module("mla_table")
 
 
 def read_gpu(text):

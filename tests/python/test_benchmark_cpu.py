@@ -42,9 +42,9 @@ def load_in_package(name):
 sweep = load("sweep")
 plot = load("plot")
 overhead = load_in_package("overhead")
-decode_table = load("decode_table")
+decode_table = load_in_package("decode_table")
 prefill_table = load("prefill_table")
-mla_table = load("mla_table")
+mla_table = load_in_package("mla_table")
 
 GAP = {"name": "gap", "gap_ms": 100.0, "scope": "sample"}
 SUSTAINED = {"name": "sustained", "load_s": 2.0}

@@ -1,9 +1,11 @@
 """The decoding benchmark's pure parts: its shapes, byte count, targets and
 table (issue 35's sweep: seqlen_q 1, GQA 32 / 8, head dim 128, bf16).
 
-Standard library only, and no imports from the package: the CPU tests load
-this file by its path.
+Standard library only, and no imports from the package but its siblings: the
+CPU tests and scripts/perf_report.py load it without flash3's __init__.
 """
+from . import shape_tables
+
 HEADS_KV, GROUP, HDIM = 8, 4, 128
 BATCHES = (1, 8, 32, 64, 128)
 CACHES = (1024, 4096, 8192, 32768, 131072)
@@ -52,17 +54,9 @@ def targets(row):
     return met
 
 
-def methods_in(rows):
-    names = []
-    for r in rows:
-        names += [n for n in list(r["gbps"]) + list(r["not_run"]) if n not in names]
-    flash3 = sorted((n for n in names if n.startswith("flash3")), key=lambda n: (n != "flash3", n))
-    return flash3 + [n for n in LABELS if n in names]
-
-
 def format_table(rows):
     """Markdown: GB/s of K and V per method, flash3 over cuDNN, and the targets each row misses."""
-    names = methods_in(rows)
+    names = shape_tables.methods_in(rows, "gbps", LABELS)
     lines = ["| batch | cache | " + " | ".join(LABELS.get(n, n) for n in names) + " | flash3 / cuDNN | missed |",
              "|---|---|" + "---|" * (len(names) + 2)]
     for r in rows:
@@ -77,8 +71,4 @@ def format_table(rows):
 
 def format_notes(rows):
     """Why a method has no number on a shape, once per distinct reason."""
-    seen = {}
-    for r in rows:
-        for name, why in r["not_run"].items():
-            seen.setdefault((name, why), []).append(f"{r['batch']}x{r['cache']}")
-    return [f"n/a: {LABELS.get(n, n)} ({', '.join(s)}): {why}" for (n, why), s in seen.items()]
+    return shape_tables.format_notes(rows, LABELS)

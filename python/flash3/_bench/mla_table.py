@@ -7,9 +7,11 @@ A call reads each cached key's 576 columns once and, with 128 query heads,
 does 128 x (2 x 576 + 2 x 512) FLOPs per key: 242 per byte, near the H100's
 ratio of tensor FLOPs to memory bandwidth, so both measures are reported.
 
-Standard library only, and no imports from the package: the CPU tests load
-this file by its path.
+Standard library only, and no imports from the package but its siblings: the
+CPU tests and scripts/perf_report.py load it without flash3's __init__.
 """
+from . import shape_tables
+
 HEADS_Q, HEADS_KV, HDIM, HDIM_V = 128, 1, 64, 512
 BATCHES = (64, 132)
 CACHES = (4096, 8192, 16384, 32768)
@@ -52,17 +54,9 @@ def targets(row):
         row["batch"], row["cache"]) / 1e12 >= TBPS}
 
 
-def methods_in(rows):
-    names = []
-    for r in rows:
-        names += [n for n in list(r["tflops"]) + list(r["not_run"]) if n not in names]
-    flash3 = sorted((n for n in names if n.startswith("flash3")), key=lambda n: (n != "flash3", n))
-    return flash3 + [n for n in LABELS if n in names]
-
-
 def format_table(rows):
     """Markdown: TFLOP/s and TB/s per method, and the targets each row misses."""
-    names = methods_in(rows)
+    names = shape_tables.methods_in(rows, "tflops", LABELS)
     lines = ["| batch | cache | " + " | ".join(f"{LABELS.get(n, n)} TFLOP/s | TB/s" for n in names) + " | missed |",
              "|---|---|" + "---|---|" * len(names) + "---|"]
     for r in rows:
@@ -77,8 +71,4 @@ def format_table(rows):
 
 def format_notes(rows):
     """Why a method has no number on a shape, once per distinct reason."""
-    seen = {}
-    for r in rows:
-        for name, why in r["not_run"].items():
-            seen.setdefault((name, why), []).append(f"{r['batch']}x{r['cache']}")
-    return [f"n/a: {LABELS.get(n, n)} ({', '.join(s)}): {why}" for (n, why), s in seen.items()]
+    return shape_tables.format_notes(rows, LABELS)
