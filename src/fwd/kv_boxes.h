@@ -72,20 +72,33 @@ CUTE_DEVICE void load_paged_block(TmaBox const& tma, GShape const& shape, Elemen
   }
 }
 
+// Where a paged cache's key block n_block lies: in one page when the block
+// holds keys only and pages are a multiple of kBlockN rows (not the entry's
+// last block), then loaded whole; else in boxes. The producer reads it
+// before it waits for the block's stage, so the table's read overlaps the
+// wait instead of delaying the load.
+struct PagedBlock {
+  bool whole;
+  int page;  // the page holding the whole block
+};
+template <int kBlockN>
+CUTE_DEVICE PagedBlock paged_block(KvCacheMap const& cache, int batch, int n_block) {
+  int const first = n_block * kBlockN;
+  if (cache.page_size % kBlockN != 0 || first + kBlockN > cache.keys(batch)) return {false, 0};
+  return {true, cache.page_table[int64_t(batch) * cache.page_table_stride + first / cache.page_size]};
+}
+
 // Key block n_block of a paged cache: one load through the pool's whole-block
-// atom `tma` when the block lies in one page and holds keys only (pages of a
-// multiple of kBlockN rows, not the entry's last block), else boxes through
-// `tma_box`. Rows past an entry's keys are still read only up to the end of
-// the last key's box.
+// atom `tma` where `where` says it is whole, else boxes through `tma_box`.
+// Rows past an entry's keys are read only up to the end of the last key's box.
 template <int kBlockN, class Tma, class TmaBox, class GShape, class Element, class Layout, class Barrier>
 CUTE_DEVICE void load_paged(Tma const& tma, TmaBox const& tma_box, GShape const& shape, Element* buffer, Layout layout,
                             Barrier& barrier, int stage, KvCacheMap const& cache, int batch, int head_kv,
-                            int n_block) {
-  int const first = n_block * kBlockN;
-  if (cache.page_size % kBlockN == 0 && first + kBlockN <= cache.keys(batch)) {
-    int const page = cache.page_table[int64_t(batch) * cache.page_table_stride + first / cache.page_size];
-    Tensor g = local_tile(tma.get_tma_tensor(shape)(_, _, head_kv, page), make_shape(Int<kBlockN>{}, get<1>(shape)),
-                          make_coord(first % cache.page_size / kBlockN, _0{}));
+                            int n_block, PagedBlock where) {
+  if (where.whole) {
+    Tensor g = local_tile(tma.get_tma_tensor(shape)(_, _, head_kv, where.page),
+                          make_shape(Int<kBlockN>{}, get<1>(shape)),
+                          make_coord(n_block * kBlockN % cache.page_size / kBlockN, _0{}));
     Tensor s = make_tensor(make_smem_ptr(buffer), layout);  // (N, d, stages)
     auto slice = tma.get_slice(_0{});
     copy(tma.with(barrier), slice.partition_S(g), slice.partition_D(s)(_, _, _, stage));

@@ -268,18 +268,22 @@ struct Mainloop {
     }
 
     // A block of K or V, of the head dim of `shape`: one load, or a paged
-    // cache's boxes.
+    // cache's block (its page read before the stage's wait: fwd/kv_boxes.h).
     template <class Tma, class TmaBox, class GShape, class Layout, class Pipeline>
     CUTE_DEVICE void block(Tma const& tma, TmaBox const& tma_box, GShape const& shape, Element* buffer, Layout layout,
                            Pipeline& pipeline, PipelineState& write, int n_block) const {
+      bool paged = false;
+      PagedBlock where{};
+      if constexpr (Traits::kKvCache) {
+        paged = p.cache.paged();
+        if (paged && leader) where = paged_block<kBlockN>(p.cache, tile.batch, n_block);
+      }
       pipeline.producer_acquire(write);
       if (leader) {
-        bool paged = false;
         if constexpr (Traits::kKvCache) {
-          paged = p.cache.paged();
           if (paged) {
             load_paged<kBlockN>(tma, tma_box, shape, buffer, layout, *pipeline.producer_get_barrier(write),
-                                write.index(), p.cache, tile.batch, head_kv, n_block);
+                                write.index(), p.cache, tile.batch, head_kv, n_block, where);
           }
         }
         if (!paged) whole(tma, shape, buffer, layout, *pipeline.producer_get_barrier(write), write.index(), n_block);

@@ -167,14 +167,15 @@ struct MlaKernel {
     bool const paged = p.cache.paged();
     KVState write = cutlass::make_producer_start_state<PipelineKV>();
     for (int n_block = range.n_block_max - 1; n_block >= range.n_block_min; --n_block) {
+      PagedBlock const where = paged && leader ? paged_block<kBlockN>(p.cache, tile.batch, n_block) : PagedBlock{};
       pipeline_kv.producer_acquire(write);
       if (leader) {
         auto& barrier = *pipeline_kv.producer_get_barrier(write);
         if (paged) {
           load_paged<kBlockN>(p.tma_k, p.tma_k_box, p.shape_k, smem.k.data(), typename Traits::SmemLayoutK{}, barrier,
-                              write.index(), p.cache, tile.batch, tile.head_kv, n_block);
+                              write.index(), p.cache, tile.batch, tile.head_kv, n_block, where);
           load_paged<kBlockN>(p.tma_v, p.tma_v_box, p.shape_v, smem.v.data(), typename Traits::SmemLayoutV{}, barrier,
-                              write.index(), p.cache, tile.batch, tile.head_kv, n_block);
+                              write.index(), p.cache, tile.batch, tile.head_kv, n_block, where);
         } else {
           load_block(p, p.tma_k, p.shape_k, smem.k.data(), typename Traits::SmemLayoutK{}, barrier, write.index(),
                      tile.batch, tile.head_kv, n_block);
