@@ -3,7 +3,7 @@
   python -m flash3.benchmark                       the paper's sweep, fwd, bwd and fwd+bwd, idle gap before every sample
   python -m flash3.benchmark --sustained           the same under continuous load (at least 2 s per shape),
                                                    with each method's joules per call (the card's energy counter)
-  python -m flash3.benchmark --overhead            host time per call, flash3 against SDPA (tiny shape)
+  python -m flash3.benchmark --overhead            host time per call, flash3 against SDPA (tiny shape; a decoding step)
   python -m flash3.benchmark --varlen              packed sequences (flash_attn_varlen_func) beside the fixed-length kernel
   python -m flash3.benchmark --hdim 192,192/128    V's head dim of its own (DeepSeek-V3's) beside the symmetric 192
   python -m flash3.benchmark --decode              decoding from a KV cache (GQA 32/8, head dim 128): GB/s of K and V,
@@ -234,10 +234,15 @@ def run_overhead(torch, args):
             continue
         print(f"{mode}: flash3 {results['flash3'][mode]['median_us']:.1f} us, SDPA FlashAttention-2 "
               f"{results['sdpa_flash'][mode]['median_us']:.1f} us: {'ok' if verdicts[mode] else 'flash3 SLOWER'}")
+    # The decoding step, reported beside (issue 35's inference path; no verdict).
+    decoding = overhead.measure_decode(torch, args.calls)
+    print()
+    print(sweep.format_overhead(decoding, (overhead.DECODE_MODE,)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"tool": "python -m flash3.benchmark --overhead", "device": device, "software": software(torch),
                        "shape": overhead.TINY, "calls": args.calls, "overhead": results, "verdicts": verdicts,
+                       "decode_cache": overhead.DECODE_CACHE, "decode_overhead": decoding,
                        "not_run": missing}, f, indent=1)
     ok = len(verdicts) == len(overhead.VERDICT_MODES) and all(verdicts.values())
     return 0 if ok else 1

@@ -289,6 +289,36 @@ def test_overhead_methods_take_turns():
                for t in times.values())
 
 
+def test_overhead_decoding_step(monkeypatch):
+    # The decode sweep's one-call methods on its smallest shape: a method
+    # whose call raises is n/a with the reason, the others timed; the sweep's
+    # other methods (paged, FP8, append) are not made.
+    made, calls = [], []
+
+    def maker(name, fails=False):
+        def make():
+            made.append(name)
+            if fails:
+                raise ModuleNotFoundError("No module named 'flash_attn_interface'")
+            return lambda: calls.append(name)
+        return make
+
+    fake_decode = types.SimpleNamespace(
+        inputs=lambda torch, batch, cache: (batch, cache, None),
+        methods_of=lambda torch, q, k, v, pages, seed: [
+            ("flash3", maker("flash3"), None), ("flash3 paged 64", maker("paged"), None),
+            ("sdpa_flash", maker("sdpa_flash"), None), ("fa3", maker("fa3", fails=True), None)])
+    monkeypatch.setattr(overhead, "decode", fake_decode)
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: None))
+    results = overhead.measure_decode(torch, overhead.BLOCK)
+    assert made == ["flash3", "sdpa_flash", "fa3"]
+    assert results["fa3"] == {"na": "ModuleNotFoundError: No module named 'flash_attn_interface'"}
+    assert set(results["flash3"]) == set(results["sdpa_flash"]) == {overhead.DECODE_MODE}
+    assert calls.count("flash3") == 1 + overhead.WARMUP_CALLS + overhead.BLOCK
+    table = sweep.format_overhead(results, (overhead.DECODE_MODE,))
+    assert table.splitlines()[0] == f"| method | {overhead.DECODE_MODE} |"
+
+
 def test_overhead_verdict_and_table():
     times = {"flash3": {"fwd": {"median_us": 9.0, "p10_us": 8.5, "p90_us": 10.0},
                         "grad": {"median_us": 14.0, "p10_us": 13.0, "p90_us": 15.0}},

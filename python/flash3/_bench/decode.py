@@ -20,7 +20,8 @@ from . import decode_table
 from .methods import timed
 
 
-def _cache(torch, batch, cache, heads_kv, hdim, seed):
+def inputs(torch, batch, cache, heads_kv=decode_table.HEADS_KV, hdim=decode_table.HDIM, seed=0):
+    """q [batch, 1, heads_q, hdim] and a full cache k, v [batch, cache, heads_kv, hdim], bf16, seeded."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     k, v = (torch.randn(batch, cache, heads_kv, hdim, generator=gen, device="cuda", dtype=torch.bfloat16)
             for _ in range(2))
@@ -96,7 +97,7 @@ def _checked(torch, fn, reference):
     return None if err <= 2 * base + 1e-5 else f"O: max error {err:.2e} above 2x bf16's {base:.2e} + 1e-5"
 
 
-def _methods(torch, q, k, v, page_sizes, seed):
+def methods_of(torch, q, k, v, page_sizes, seed):
     """(name, make, reference) triples: make() builds the method's inputs and returns its call (or raises: the
     method has no kernel here), lazily, so that one copy of the cache lives at a time; reference is entry 0's
     (exact, low) for the check. The append runs last: it writes the cache's last row."""
@@ -165,11 +166,11 @@ def run(torch, timer, args, out):
     rows = []
     shapes = decode_table.decode_shapes(args.decode_batch, args.decode_cache)
     for i, (batch, cache) in enumerate(shapes):
-        q, k, v = _cache(torch, batch, cache, decode_table.HEADS_KV, decode_table.HDIM, seed=100 + i)
+        q, k, v = inputs(torch, batch, cache, seed=100 + i)
         kv_bytes = decode_table.kv_bytes(batch, cache)
         row = {"batch": batch, "cache": cache, "heads_q": q.shape[2], "heads_kv": k.shape[2], "hdim": k.shape[3],
                "kv_bytes": kv_bytes, "gbps": {}, "not_run": {}}
-        for name, make, reference in _methods(torch, q, k, v, args.page_size, seed=i):
+        for name, make, reference in methods_of(torch, q, k, v, args.page_size, seed=i):
             def check(fn, reference=reference):
                 return _checked(torch, fn, reference() if callable(reference) else reference)
             samples, why = timed(timer, make, check if args.check else None)

@@ -1,17 +1,26 @@
 """Host overhead per call: the time from the Python call to its return, on a
 tiny shape, so that what is measured is the Python and launch path, not the
-GPU. The median of `calls` calls per method and mode.
+GPU. The median of `calls` calls per method and mode. Besides the forward's
+modes, a decoding step: the decode sweep's smallest shape (decode.py), flash3's
+flash_attn_with_kvcache beside SDPA's backends on it.
 """
+import contextlib
 import gc
 import statistics
 import time
 
+from . import decode
 from .methods import failure_reason, recording_warnings
 
 TINY = {"batch": 1, "seqlen": 128, "heads": 8, "hdim": 128, "dtype": "bf16", "causal": False}
 MODES = ("fwd", "fwd, inputs requiring grad", "bwd (autograd.grad)")
 # The requirement is on the forward call; the backward through autograd is reported beside it.
 VERDICT_MODES = MODES[:2]
+# A decoding step (seqlen_q 1, GQA 32 / 8, head dim 128, a full cache of DECODE_CACHE keys), and the
+# methods of the decode sweep that have one call per step.
+DECODE_CACHE = 1024
+DECODE_MODE = f"decode step (1 x {DECODE_CACHE} KV cache)"
+DECODE_METHODS = ("flash3", "sdpa_flash", "sdpa_cudnn", "fa3")
 WARMUP_CALLS = 200
 # The methods and modes take turns, BLOCK calls each, with a synchronization
 # after each turn (untimed) that keeps the GPU's queue from filling, where a
@@ -94,6 +103,28 @@ def measure(torch, methods, calls):
         results[name] = {}
         for mode, (timed, setup) in modes.items():
             jobs[(name, mode)] = (method.context, timed, setup)
+    for (name, mode), times in interleaved_times(torch, jobs, calls).items():
+        results[name][mode] = times
+    return results
+
+
+def measure_decode(torch, calls):
+    """{method: {DECODE_MODE: times}}, or {method: {"na": why}}, of the decode
+    sweep's methods on one decoding step."""
+    q, k, v = decode.inputs(torch, 1, DECODE_CACHE)
+    results, jobs = {}, {}
+    for name, make, _ in decode.methods_of(torch, q, k, v, (), seed=0):
+        if name not in DECODE_METHODS:
+            continue
+        with recording_warnings() as caught:
+            try:
+                call = make()
+                call()
+            except Exception as e:  # not importable, or no kernel: reported as n/a with the reason
+                results[name] = {"na": failure_reason(caught, e)}
+                continue
+        results[name] = {}
+        jobs[(name, DECODE_MODE)] = (contextlib.nullcontext, lambda _, call=call: call(), lambda: None)
     for (name, mode), times in interleaved_times(torch, jobs, calls).items():
         results[name][mode] = times
     return results
