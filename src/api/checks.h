@@ -1,6 +1,6 @@
 // Argument checks that validate(ForwardArgs), validate(BackwardArgs),
 // validate(QuantizeArgs) and backward_workspace_size share. Host code only: nothing here touches the
-// device, so every check runs in CI. Each failure is kInvalidArgument with a
+// device, so every check runs in CI. Each failure is kInvalidArgument (not_compiled: kUnsupported) with a
 // message that starts with the argument's name.
 #pragma once
 
@@ -21,6 +21,15 @@ constexpr int64_t kMaxStrideBytes = int64_t(1) << 40;   // TMA: strides below 2^
 constexpr int64_t kMaxSpan = int64_t(1) << 62;          // elements a tensor may span: 64-bit offsets
 
 inline Status invalid(std::string message) { return Status(Status::Code::kInvalidArgument, std::move(message)); }
+
+// kUnsupported: the call's dtype and head dims are valid but no kernel of
+// this build takes them (the dispatch's answer after its instances).
+inline Status not_compiled(int64_t head_dim, int64_t head_dim_v) {
+  return Status(Status::Code::kUnsupported,
+                "head_dim: " + std::to_string(head_dim) +
+                    (head_dim_v != head_dim ? " with head_dim_v " + std::to_string(head_dim_v) : std::string()) +
+                    " with this dtype is not compiled into this build (see FLASH3_HEAD_DIMS and FLASH3_DTYPES)");
+}
 
 // Sizes: batch and sequence lengths non-negative, heads at least 1, all
 // below 2^31, heads_kv dividing heads_q.
