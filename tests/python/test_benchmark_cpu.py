@@ -567,6 +567,19 @@ def test_mla_counts_and_targets():
     assert mla_table.format_notes(rows) == ["n/a: flash3 (132x8192): no kernel", "n/a: FA3 (132x8192): no module"]
 
 
+def test_mla_speculative_tokens():
+    # Two causal tokens: the first sees one key fewer; TB/s of the same cache over twice the FLOPs.
+    assert mla_table.flops(2, 10, heads_q=3, seqlen_q=2) == 2 * 3 * (10 + 9) * 2 * (64 + 512 + 512)
+    row = {"batch": 64, "cache": 4096, "tflops": {"flash3": 600.0, mla_table.SPECULATIVE: 900.0}, "not_run": {}}
+    assert mla_table.tbps(row, mla_table.SPECULATIVE) == pytest.approx(
+        900.0 * mla_table.kv_bytes(64, 4096) / mla_table.flops(64, 4096, seqlen_q=2))
+    assert mla_table.tbps(row, "flash3") == pytest.approx(600.0 * mla_table.kv_bytes(64, 4096)
+                                                          / mla_table.flops(64, 4096))
+    table = mla_table.format_table([row]).splitlines()
+    assert table[0].startswith("| batch | cache | flash3 TFLOP/s | TB/s | flash3 2 tokens TFLOP/s | TB/s |")
+    assert mla_table.targets(row) == {">= 610 TFLOP/s": False}
+
+
 def test_cli_names_the_decode_sweep_and_its_options():
     done = run_cli("--help")
     assert done.returncode == 0, done.stderr

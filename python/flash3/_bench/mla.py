@@ -1,7 +1,8 @@
 """The MLA decoding benchmark (python -m flash3.benchmark --mla): one token a
 sequence, 128 query heads against one latent KV head (mla_table.py: shapes,
 counts, targets). flash3's flash_attn_with_kvcache with qv on the contiguous
-cache and on a paged copy (pages of 64 in random order), beside FlashMLA
+cache, on a paged copy (pages of 64 in random order) and with two causal
+tokens a sequence (speculative decoding; its last token checked), beside FlashMLA
 (flash_mla) and FlashAttention-3's qv where importable, timed alike in one
 process; each checked against a float32 reference on batch entry 0 first.
 """
@@ -61,8 +62,15 @@ def _methods(torch, q, qv, k, v, seed):
         import flash_attn_interface
         return lambda: flash_attn_interface.flash_attn_with_kvcache(q, k, v, qv=qv, cache_seqlens=lens)
 
+    def two_tokens():
+        # A new token before each sequence's query: the query is the last token, seeing every key.
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        q2, qv2 = (torch.cat((torch.randn(t.shape, generator=gen, device="cuda", dtype=t.dtype), t), 1)
+                   for t in (q, qv))
+        return lambda: flash3.flash_attn_with_kvcache(q2, k, v, qv=qv2, cache_seqlens=lens, causal=True)[:, 1:]
+
     return [("flash3", contiguous), (f"flash3 paged {mla_table.PAGE_SIZE}", paged), ("flash_mla", flash_mla),
-            ("fa3", fa3)]
+            ("fa3", fa3), (mla_table.SPECULATIVE, two_tokens)]
 
 
 def run(torch, timer, args, out):
@@ -74,8 +82,12 @@ def run(torch, timer, args, out):
         reference = _reference(torch, q, qv, k, v)
         flops = mla_table.flops(batch, cache)
         check = (lambda fn: _checked(torch, fn(), reference)) if args.check else None
-        tflops, not_run = time_methods(torch, timer, _methods(torch, q, qv, k, v, seed=i), check,
-                                       lambda ms: flops / ms / 1e9)
+        tflops, not_run = {}, {}
+        for name, make in _methods(torch, q, qv, k, v, seed=i):
+            work = mla_table.flops(batch, cache, seqlen_q=mla_table.TOKENS.get(name, 1))
+            got, missing = time_methods(torch, timer, [(name, make)], check, lambda ms: work / ms / 1e9)
+            tflops.update(got)
+            not_run.update(missing)
         rows.append({"batch": batch, "cache": cache, "heads_q": q.shape[2], "heads_kv": k.shape[2],
                      "hdim": k.shape[3], "hdim_v": v.shape[3], "flops": flops,
                      "kv_bytes": mla_table.kv_bytes(batch, cache), "tflops": tflops, "not_run": not_run})
