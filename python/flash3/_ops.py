@@ -593,16 +593,12 @@ def _dense_aligned(t):
 
 
 @_on_tensor_device
-def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
-                          cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor], softmax_scale: float,
-                          causal: bool, num_splits: int, workspace: Optional[Tensor],
-                          sinks: Optional[Tensor] = None, window_left: int = -1,
-                          window_right: int = -1, softcap: float = 0.0,
-                          page_table: Optional[Tensor] = None, k: Optional[Tensor] = None,
-                          v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
-                          rotary_sin: Optional[Tensor] = None, rotary_interleaved: bool = False,
-                          q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
-                          v_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+def _kvcache_forward(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale, causal,
+                     num_splits, workspace, sinks, window_left, window_right, softcap, page_table, k, v, rotary_cos,
+                     rotary_sin, rotary_interleaved, q_descale, k_descale, v_descale, qv, with_lse):
+    """(out, lse) of the KV cache call, lse None without with_lse (the
+    kernels then write none: an eager decoding call that does not ask for it
+    allocates none)."""
     lib = _abi.load()
     # An append writes the caches in place: the interface refuses a strided
     # head dim then, so that these are the caller's tensors, not copies.
@@ -614,7 +610,7 @@ def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seq
         if rotary_cos is not None:
             rotary_cos, rotary_sin = _dense_aligned(rotary_cos), _dense_aligned(rotary_sin)
         append = (_kernel_readable(k), _kernel_readable(v), rotary_cos, rotary_sin, rotary_interleaved)
-    out, lse = _forward_outputs(q, v_cache, _fixed_out_dtype(q))
+    out, lse = _forward_outputs(q, v_cache, _fixed_out_dtype(q), with_lse)
     scales = (q_descale, k_descale, v_descale)
     index = q.get_device()
     counter = _tile_counter(index)
@@ -635,18 +631,34 @@ def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seq
     return out, lse
 
 
+def _kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor,
+                          cache_batch_idx: Optional[Tensor], cache_leftpad: Optional[Tensor], softmax_scale: float,
+                          causal: bool, num_splits: int, workspace: Optional[Tensor],
+                          sinks: Optional[Tensor] = None, window_left: int = -1,
+                          window_right: int = -1, softcap: float = 0.0,
+                          page_table: Optional[Tensor] = None, k: Optional[Tensor] = None,
+                          v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
+                          rotary_sin: Optional[Tensor] = None, rotary_interleaved: bool = False,
+                          q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                          v_descale: Optional[Tensor] = None, qv: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    return _kvcache_forward(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale,
+                            causal, num_splits, workspace, sinks, window_left, window_right, softcap, page_table, k,
+                            v, rotary_cos, rotary_sin, rotary_interleaved, q_descale, k_descale, v_descale, qv, True)
+
+
 kvcache_fwd = torch.library.custom_op("flash3::kvcache_fwd", _kvcache_forward_impl,
                                       mutates_args=("k_cache", "v_cache"), device_types="cuda")
 
 
-def kvcache(q, k_cache, v_cache, *rest):
-    """flash3::kvcache_fwd of checked arguments (its schema's order); an eager
-    call on plain CUDA tensors runs the implementation without the
-    dispatcher, as attention() does (decoding calls are tiny and many),
-    bumping the caches' version counters itself when it appends to them (the
-    dispatcher does so for an operator's mutated arguments)."""
+def kvcache(q, k_cache, v_cache, *rest, with_lse=True):
+    """flash3::kvcache_fwd of checked arguments (its schema's order, every
+    one given); an eager call on plain CUDA tensors runs the implementation
+    without the dispatcher, as attention() does (decoding calls are tiny and
+    many), with no LSE unless with_lse (None in its place), bumping the
+    caches' version counters itself when it appends to them (the dispatcher
+    does so for an operator's mutated arguments)."""
     if _eager(q, k_cache, v_cache):
-        result = _kvcache_forward_impl(q, k_cache, v_cache, *rest)
+        result = _kvcache_forward(q, k_cache, v_cache, *rest, with_lse)
         if rest[_KVCACHE_K_NEW] is not None:
             for cache in (k_cache, v_cache):
                 torch.autograd.graph.increment_version(cache)

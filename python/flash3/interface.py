@@ -817,7 +817,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     cos, sin, interleaved = rotary or (None, None, False)
     out, lse = _ops.kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, softmax_scale,
                             bool(causal), num_splits, workspace, sinks, *mask, page_table, k, v, cos, sin,
-                            interleaved, *scales, qv)
+                            interleaved, *scales, qv, with_lse=bool(return_softmax_lse))
     return (out, lse) if return_softmax_lse else out
 
 

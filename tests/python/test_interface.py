@@ -787,9 +787,9 @@ def test_append_kvcache_shapes_on_meta(rotary):
 
 
 def test_kvcache_eager_path_passes_the_schema_and_bumps_appended_caches(monkeypatch):
-    """The eager path (no dispatcher) hands the implementation the operator's arguments in the schema's order
-    and marks the caches changed when new keys are appended (checked on CPU tensors, the implementation
-    replaced by a recorder)."""
+    """The eager path (no dispatcher) hands the implementation the operator's arguments in the schema's order,
+    then whether the LSE is wanted, and marks the caches changed when new keys are appended (checked on CPU
+    tensors, the implementation replaced by a recorder)."""
     calls = []
 
     def record(*args):
@@ -797,7 +797,7 @@ def test_kvcache_eager_path_passes_the_schema_and_bumps_appended_caches(monkeypa
         return args[0], None
 
     monkeypatch.setattr(_ops, "_eager", lambda q, k, v: True)
-    monkeypatch.setattr(_ops, "_kvcache_forward_impl", record)
+    monkeypatch.setattr(_ops, "_kvcache_forward", record)
     q, kc, vc = torch.zeros(2, 1, 8, 128, dtype=BF16), torch.zeros(3, 300, 2, 128, dtype=BF16), \
         torch.zeros(3, 300, 2, 128, dtype=BF16)
     schema = list(_ops.kvcache_fwd._opoverload._schema.arguments)
@@ -805,10 +805,10 @@ def test_kvcache_eager_path_passes_the_schema_and_bumps_appended_caches(monkeypa
     rest = [None] * (len(names) - 3)
     before = (kc._version, vc._version)
     _ops.kvcache(q, kc, vc, *rest)
-    assert (kc._version, vc._version) == before and len(calls[-1]) == len(names)
+    assert (kc._version, vc._version) == before and len(calls[-1]) == len(names) + 1 and calls[-1][-1] is True
     rest[names.index("k") - 3] = torch.zeros(2, 1, 2, 128, dtype=BF16)
-    _ops.kvcache(q, kc, vc, *rest)
-    assert kc._version > before[0] and vc._version > before[1]
+    _ops.kvcache(q, kc, vc, *rest, with_lse=False)
+    assert kc._version > before[0] and vc._version > before[1] and calls[-1][-1] is False
 
 
 def test_kvcache_default_fa3_arguments_are_accepted():
