@@ -26,6 +26,7 @@ HEAD_DIM_PAIRS = ((192, 128),)
 MLA_HEAD_DIMS = (64, 512)
 _E4M3 = torch.float8_e4m3fn
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
+_KV_DTYPES = _OUT_DTYPES + (_E4M3,)  # a KV cache's (and its q's)
 
 
 def _not_supported(**values_and_defaults):
@@ -49,17 +50,19 @@ def _check_tensor(name, t, dims=4):
         raise ValueError(f"{name}: must have {dims} dims {_LAYOUTS[dims]}, got shape {tuple(t.shape)}")
 
 
-def _plainly_valid(q, k, v, dtypes, head_dims):
-    """Whether q, k, v pass every check of _check_qkv, tested in one
-    expression over plain CUDA tensors: the per-call cost of the common case.
-    False sends them through the checks that name what is wrong."""
+def _plainly_valid(q, k, v, dtypes, head_dims, same_batch=True):
+    """Whether q, k, v pass every check of _check_qkv (or, with k and v a KV
+    cache, whose batch is its own: same_batch False, _check_kv_cache's),
+    tested in one expression over plain CUDA tensors: the per-call cost of
+    the common case. False sends them through the checks that name what is
+    wrong."""
     if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
         return False
     qs, ks = q.shape, k.shape
     dtype = q.dtype
     return (len(qs) == 4 and len(ks) == 4 and v.shape == ks and dtype in dtypes and k.dtype == dtype
             and v.dtype == dtype and q.is_cuda and k.device == q.device and v.device == q.device
-            and ks[0] == qs[0] and ks[3] == qs[3]
+            and (ks[0] == qs[0] or not same_batch) and ks[3] == qs[3]
             and qs[3] in (head_dims or (FP8_HEAD_DIMS if dtype == _E4M3 else HEAD_DIMS))
             and ks[2] != 0 and qs[2] % ks[2] == 0 and qs[2] != 0)
 
@@ -429,6 +432,8 @@ def _check_kv_cache(q, k_cache, v_cache, qv=None):
     float8_e4m3fn (FP8's head dims, no V head dim of its own); with qv
     (MLA), qv [batch, seqlen_q, heads_q, v's head dim], bfloat16, at MLA's
     head dims."""
+    if qv is None and _plainly_valid(q, k_cache, v_cache, _KV_DTYPES, None, same_batch=False):
+        return
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _check_tensor(name, t)
     if qv is not None:
@@ -441,7 +446,7 @@ def _check_kv_cache(q, k_cache, v_cache, qv=None):
             raise ValueError(f"{name}: must be on q's device {q.device}, got {t.device}")
         if t.dtype != q.dtype:
             raise ValueError(f"{name}: dtype must be q's ({q.dtype}), got {t.dtype}")
-    if q.dtype not in _OUT_DTYPES + (torch.float8_e4m3fn,):
+    if q.dtype not in _KV_DTYPES:
         raise ValueError(f"q: dtype {q.dtype} is not supported with a KV cache: flash3 takes torch.bfloat16, "
                          "torch.float16 or torch.float8_e4m3fn")
     if q.dtype == torch.float8_e4m3fn:
@@ -503,6 +508,8 @@ def _kvcache_fp8_scales(q, k_cache, q_descale, k_descale, v_descale):
 def _checked_cache_seqlens(cache_seqlens, batch, max_len, device):
     """cache_seqlens as the kernels read it: int32 [batch] on q's device; an
     int (every entry's length) or None (the whole cache) made into one."""
+    if type(cache_seqlens) is torch.Tensor:  # the common case first: an ABC's isinstance costs a microsecond
+        return _checked_index_tensor("cache_seqlens", cache_seqlens, batch, device)
     if cache_seqlens is None or (isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool)):
         n = max_len if cache_seqlens is None else int(cache_seqlens)
         if not 0 <= n <= max_len:
@@ -764,9 +771,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     attention_chunk, pack_gqa and sm_margin are FlashAttention-3's; any value
     but the default raises NotImplementedError.
     """
-    _not_supported(rotary_seqlens=(rotary_seqlens, None), cu_seqlens_q=(cu_seqlens_q, None),
-                   cu_seqlens_k_new=(cu_seqlens_k_new, None), max_seqlen_q=(max_seqlen_q, None),
-                   attention_chunk=(attention_chunk, 0), pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
+    if not (rotary_seqlens is None and cu_seqlens_q is None and cu_seqlens_k_new is None and max_seqlen_q is None
+            and pack_gqa is None and type(attention_chunk) is int and attention_chunk == 0 and type(sm_margin) is int
+            and sm_margin == 0):
+        _not_supported(rotary_seqlens=(rotary_seqlens, None), cu_seqlens_q=(cu_seqlens_q, None),
+                       cu_seqlens_k_new=(cu_seqlens_k_new, None), max_seqlen_q=(max_seqlen_q, None),
+                       attention_chunk=(attention_chunk, 0), pack_gqa=(pack_gqa, None), sm_margin=(sm_margin, 0))
     _check_kv_cache(q, k_cache, v_cache, qv)
     if qv is not None:
         if softcap:
