@@ -117,4 +117,25 @@ TEST(PagedBoxes, EachBoxFromItsPage) {
   }
 }
 
+// A block loads whole where pages are a multiple of its keys and it holds
+// keys only: its page is the table's entry for its first key; else boxes.
+TEST(PagedBlock, WholeWhereOnePageHoldsOnlyKeys) {
+  std::vector<int32_t> table = {5, 6, 7, 8, 9, 10, 11, 12};
+  for (int page_size : {16, 64, 128, 256}) {
+    for (int keys : {0, 63, 64, 65, 200, 512}) {
+      int32_t const seqlens[] = {0, keys};
+      flash3::KvCacheMap m{seqlens};
+      m.page_table = table.data();
+      m.page_table_stride = 4;
+      m.page_size = page_size;
+      for (int first = 0; first < 512; first += 64) {
+        flash3::PagedBlock const b = flash3::paged_block<64>(m, 1, first);
+        bool const whole = page_size % 64 == 0 && first + 64 <= keys;
+        EXPECT_EQ(b.whole, whole) << page_size << " " << keys << " " << first;
+        if (whole) EXPECT_EQ(b.page, table[4 + first / page_size]) << page_size << " " << first;
+      }
+    }
+  }
+}
+
 }  // namespace

@@ -44,6 +44,22 @@ struct KvCacheMap {
   }
 };
 
+// Where a paged cache's key block of kBlockN keys from key `first` lies: in
+// one page when pages are a multiple of kBlockN rows and the block holds
+// keys only (not the entry's last block), then loaded whole; else in boxes
+// (PagedBoxes). The producer reads it before it waits for the block's
+// stage, so that the table's read overlaps the wait instead of delaying the
+// load.
+struct PagedBlock {
+  bool whole;
+  int page;  // the page holding the whole block
+};
+template <int kBlockN>
+FLASH3_HOST_DEVICE PagedBlock paged_block(KvCacheMap const& m, int b, int first) {
+  if (m.page_size % kBlockN != 0 || first + kBlockN > m.keys(b)) return {false, 0};
+  return {true, m.page_table[int64_t(b) * m.page_table_stride + first / m.page_size]};
+}
+
 // A paged cache's key block is loaded as boxes of kRows keys, each from one
 // page: page sizes are multiples of kRows and a paged entry's keys start at
 // key 0 (no leftpad), so no box straddles two pages. The walk starts at the

@@ -72,22 +72,6 @@ CUTE_DEVICE void load_paged_block(TmaBox const& tma, GShape const& shape, Elemen
   }
 }
 
-// Where a paged cache's key block n_block lies: in one page when the block
-// holds keys only and pages are a multiple of kBlockN rows (not the entry's
-// last block), then loaded whole; else in boxes. The producer reads it
-// before it waits for the block's stage, so the table's read overlaps the
-// wait instead of delaying the load.
-struct PagedBlock {
-  bool whole;
-  int page;  // the page holding the whole block
-};
-template <int kBlockN>
-CUTE_DEVICE PagedBlock paged_block(KvCacheMap const& cache, int batch, int n_block) {
-  int const first = n_block * kBlockN;
-  if (cache.page_size % kBlockN != 0 || first + kBlockN > cache.keys(batch)) return {false, 0};
-  return {true, cache.page_table[int64_t(batch) * cache.page_table_stride + first / cache.page_size]};
-}
-
 // Key block n_block of a paged cache: one load through the pool's whole-block
 // atom `tma` where `where` says it is whole, else boxes through `tma_box`.
 // Rows past an entry's keys are read only up to the end of the last key's box.

@@ -276,7 +276,7 @@ struct Mainloop {
       PagedBlock where{};
       if constexpr (Traits::kKvCache) {
         paged = p.cache.paged();
-        if (paged && leader) where = paged_block<kBlockN>(p.cache, tile.batch, n_block);
+        if (paged && leader) where = paged_block<kBlockN>(p.cache, tile.batch, n_block * kBlockN);
       }
       pipeline.producer_acquire(write);
       if (leader) {

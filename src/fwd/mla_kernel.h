@@ -167,7 +167,8 @@ struct MlaKernel {
     bool const paged = p.cache.paged();
     KVState write = cutlass::make_producer_start_state<PipelineKV>();
     for (int n_block = range.n_block_max - 1; n_block >= range.n_block_min; --n_block) {
-      PagedBlock const where = paged && leader ? paged_block<kBlockN>(p.cache, tile.batch, n_block) : PagedBlock{};
+      PagedBlock const where =
+          paged && leader ? paged_block<kBlockN>(p.cache, tile.batch, n_block * kBlockN) : PagedBlock{};
       pipeline_kv.producer_acquire(write);
       if (leader) {
         auto& barrier = *pipeline_kv.producer_get_barrier(write);
