@@ -225,14 +225,14 @@ def timed(timer, make, check):
 
 
 def time_methods(torch, timer, methods, check, value):
-    """({name: value(median ms)}, {name: why it has none}) of the (name, make) methods, each timed by
-    timed() with the same check, the allocator's cache emptied after each."""
+    """({name: value(name, median ms)}, {name: why it has none}) of the (name, make) methods, each timed
+    by timed() with the same check, the allocator's cache emptied after each."""
     got, not_run = {}, {}
     for name, make in methods:
         samples, why = timed(timer, make, check)
         if samples is None:
             not_run[name] = why
         else:
-            got[name] = value(statistics.median(samples))
+            got[name] = value(name, statistics.median(samples))
         torch.cuda.empty_cache()
     return got, not_run

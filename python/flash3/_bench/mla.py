@@ -82,12 +82,9 @@ def run(torch, timer, args, out):
         reference = _reference(torch, q, qv, k, v)
         flops = mla_table.flops(batch, cache)
         check = (lambda fn: _checked(torch, fn(), reference)) if args.check else None
-        tflops, not_run = {}, {}
-        for name, make in _methods(torch, q, qv, k, v, seed=i):
-            work = mla_table.flops(batch, cache, seqlen_q=mla_table.TOKENS.get(name, 1))
-            got, missing = time_methods(torch, timer, [(name, make)], check, lambda ms: work / ms / 1e9)
-            tflops.update(got)
-            not_run.update(missing)
+        tflops, not_run = time_methods(
+            torch, timer, _methods(torch, q, qv, k, v, seed=i), check,
+            lambda name, ms: mla_table.flops(batch, cache, seqlen_q=mla_table.TOKENS.get(name, 1)) / ms / 1e9)
         rows.append({"batch": batch, "cache": cache, "heads_q": q.shape[2], "heads_kv": k.shape[2],
                      "hdim": k.shape[3], "hdim_v": v.shape[3], "flops": flops,
                      "kv_bytes": mla_table.kv_bytes(batch, cache), "tflops": tflops, "not_run": not_run})

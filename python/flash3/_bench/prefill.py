@@ -78,7 +78,7 @@ def run(torch, timer, args, out):
         q, k, v = _inputs(torch, chunk, cache, seed=200 + i)
         flops = prefill_table.flops(BATCH, chunk, cache)
         tflops, not_run = time_methods(torch, timer, _methods(torch, q, k, v, seed=i),
-                                       _check_of(torch, q, k, v) if args.check else None, lambda ms: flops / ms / 1e9)
+                                       _check_of(torch, q, k, v) if args.check else None, lambda _, ms: flops / ms / 1e9)
         row = {"batch": BATCH, "chunk": chunk, "cache": cache, "heads_q": q.shape[2], "heads_kv": k.shape[2],
                "hdim": k.shape[3], "flops": flops, "tflops": tflops, "not_run": not_run}
         rows.append(row)
