@@ -931,6 +931,48 @@ def _check_kv_cache(q, k_cache, v_cache, lens, idx, leftpad, causal=False, windo
 _CACHE_LENS = [0, 1, 63, 127, 128, 129, 1000, 1024]
 
 
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_kvcache_without_lse_gives_the_same_output(gpu, paged, num_splits):
+    # An eager call that does not ask for the LSE passes none (the kernels, split or not, write none):
+    # O bitwise the one of the call that asks for it.
+    torch.manual_seed(35)
+    q = torch.randn(3, 1, 8, 128, device=gpu, dtype=BF16)
+    k, v = (torch.randn(3, 512, 2, 128, device=gpu, dtype=BF16) for _ in range(2))
+    lens = torch.tensor([1, 300, 512], dtype=torch.int32, device=gpu)
+    extra = {}
+    if paged:
+        k, v = k.view(24, 64, 2, 128), v.view(24, 64, 2, 128)
+        extra["page_table"] = torch.randperm(24, device=gpu).int().view(3, 8)
+    kw = dict(cache_seqlens=lens, num_splits=num_splits, **extra)
+    out = flash3.flash_attn_with_kvcache(q, k, v, **kw)
+    ref, lse = flash3.flash_attn_with_kvcache(q, k, v, return_softmax_lse=True, **kw)
+    assert torch.equal(out, ref) and lse.shape == (3, 8, 1)
+
+
+@pytest.mark.parametrize("case,text", [
+    (dict(k_dtype=FP16), "k_cache: dtype must be q's"),
+    (dict(q_dtype=torch.float32, k_dtype=torch.float32, v_dtype=torch.float32), "q: dtype torch.float32"),
+    (dict(v_seqlen=71), "v_cache: shape must be k_cache's"),
+    (dict(head_dim=80), "q: head_dim 80 is not supported"),
+    (dict(heads_kv=3), "k_cache: its heads (3) must divide q's (8)"),
+    (dict(k_device="cpu"), "k_cache: must be on q's device"),
+], ids=["k dtype", "float32", "v shape", "head dim", "gqa", "k on the cpu"])
+def test_bad_cuda_kvcache_tensors_are_named(gpu, case, text):
+    # Plain CUDA tensors take the KV cache's one-expression check first: anything it lets through would
+    # reach the library unnamed. A cache of more entries than q's batch is valid (cache_batch_idx).
+    d, hkv = case.get("head_dim", 128), case.get("heads_kv", 2)
+    q = torch.zeros(2, 1, 8, d, device=gpu, dtype=case.get("q_dtype", BF16))
+    k = torch.zeros(3, 70, hkv, d, device=case.get("k_device", gpu), dtype=case.get("k_dtype", BF16))
+    v = torch.zeros(3, case.get("v_seqlen", 70), hkv, d, device=gpu, dtype=case.get("v_dtype", BF16))
+    with pytest.raises(ValueError) as info:
+        flash3.flash_attn_with_kvcache(q, k, v)
+    assert text in str(info.value)
+    good = torch.zeros(3, 70, 2, 128, device=gpu, dtype=BF16)
+    assert flash3.flash_attn_with_kvcache(torch.zeros(2, 1, 8, 128, device=gpu, dtype=BF16), good, good).shape == \
+        (2, 1, 8, 128)
+
+
 @pytest.mark.parametrize("num_splits", [1, 0, 4])
 def test_kvcache_decoding(gpu, num_splits):
     _check_kv_cache(*_cache_case(_CACHE_LENS, seed=num_splits), num_splits=num_splits)
